@@ -1,0 +1,267 @@
+// Layer 1 (rotate, quantize, dequantize) and layer 2 append/flush on the CPU.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/dtype_io.h"
+#include "backends/cpu/hadamard.h"
+#include "backends/cpu/record_codec.h"
+#include "core/thread_pool.h"
+
+namespace kvarn {
+namespace cpu {
+namespace {
+
+// Runs fn(i) over [0, n) on the context's pool and returns the status of the lowest failing
+// index, so the reported error never depends on scheduling.
+template <typename Fn>
+Status ParallelStatus(Context* ctx, size_t n, Fn fn) {
+  std::vector<Status> st(n);
+  ctx->pool->ParallelFor(n, [&](size_t i) { st[i] = fn(i); });
+  for (auto& s : st) {
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+bool IsFinite(float x) { return std::isfinite(x); }
+
+}  // namespace
+
+bool ToCacheFrame(const float* in, int D, bool rotate, float* scratch, uint16_t* out) {
+  for (int d = 0; d < D; ++d) {
+    if (!IsFinite(in[d])) return false;
+    scratch[d] = in[d];
+  }
+  if (rotate) HadamardInPlace(scratch, D);
+  for (int d = 0; d < D; ++d) {
+    out[d] = float_to_half(scratch[d]);
+    if ((out[d] & 0x7c00u) == 0x7c00u) return false;
+  }
+  return true;
+}
+
+Status Rotate(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const void* in,
+              kvarn_dtype_t out_dtype, void* out) {
+  // Rows are independent; `out` may alias `in` row by row, because each row is loaded
+  // completely before it is stored.
+  const size_t chunk = 256;
+  const size_t n_chunks = (rows + chunk - 1) / chunk;
+  ctx->pool->ParallelFor(n_chunks, [&](size_t c) {
+    std::vector<float> x(D);
+    for (size_t r = c * chunk; r < std::min(rows, (c + 1) * chunk); ++r) {
+      LoadRow(in_dtype, in, r * D, D, x.data());
+      HadamardInPlace(x.data(), D);
+      StoreRow(out_dtype, out, r * D, D, x.data());
+    }
+  });
+  return Status::Ok();
+}
+
+Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype,
+                const void* k, const void* v, uint32_t flags, void* records,
+                size_t record_stride) {
+  const int D = cfg.D, G = cfg.G;
+  const size_t rb = cfg.record_bytes();
+  const bool cache_frame = flags & KVARN_CODEC_CACHE_FRAME;
+  std::vector<uint8_t> staged(n_tiles * rb);
+  Status st = ParallelStatus(ctx, n_tiles, [&](size_t tile) -> Status {
+    TileScratch s;
+    std::vector<uint16_t> kh(static_cast<size_t>(G) * D), vh(kh.size());
+    std::vector<float> row(D), scratch(D);
+    for (int t = 0; t < G; ++t) {
+      const size_t off = (tile * G + t) * D;
+      for (int which = 0; which < 2; ++which) {
+        const void* src = which ? v : k;
+        const bool rot = !cache_frame && (which ? cfg.v_rotate : cfg.k_rotate);
+        LoadRow(dtype, src, off, D, row.data());
+        uint16_t* dst = (which ? vh.data() : kh.data()) + static_cast<size_t>(t) * D;
+        if (!ToCacheFrame(row.data(), D, rot, scratch.data(), dst)) {
+          for (int d = 0; d < D; ++d) {
+            if (!std::isfinite(row[d])) {
+              return {KVARN_ERR_NON_FINITE, std::string(which ? "v" : "k") + " of tile " +
+                                                std::to_string(tile) + ", token " +
+                                                std::to_string(t) + " holds a NaN or Inf"};
+            }
+          }
+          return {KVARN_ERR_OVERFLOW, std::string(which ? "v" : "k") + " of tile " +
+                                          std::to_string(tile) + ", token " + std::to_string(t) +
+                                          " exceeds the fp16 range after rotation"};
+        }
+      }
+    }
+    Status r = QuantizeRecord(cfg, kh.data(), vh.data(), staged.data() + tile * rb, s);
+    if (!r.ok()) return {r.code(), "tile " + std::to_string(tile) + ": " + r.message()};
+    return r;
+  });
+  if (!st.ok()) return st;  // nothing written
+  for (size_t tile = 0; tile < n_tiles; ++tile) {
+    std::memcpy(static_cast<uint8_t*>(records) + tile * record_stride, staged.data() + tile * rb,
+                rb);
+  }
+  return Status::Ok();
+}
+
+Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* records,
+                  size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k,
+                  void* v) {
+  const int D = cfg.D, G = cfg.G;
+  const bool cache_frame = flags & KVARN_CODEC_CACHE_FRAME;
+  ctx->pool->ParallelFor(n_tiles, [&](size_t tile) {
+    std::vector<float> kf(static_cast<size_t>(G) * D), vf(kf.size());
+    const uint8_t* rec = static_cast<const uint8_t*>(records) + tile * record_stride;
+    DequantizeRecord(cfg, rec, k ? kf.data() : nullptr, v ? vf.data() : nullptr);
+    for (int which = 0; which < 2; ++which) {
+      void* dst = which ? v : k;
+      if (dst == nullptr) continue;
+      float* src = which ? vf.data() : kf.data();
+      const bool unrot = !cache_frame && (which ? cfg.v_rotate : cfg.k_rotate);
+      for (int t = 0; t < G; ++t) {
+        float* row = src + static_cast<size_t>(t) * D;
+        if (unrot) HadamardInPlace(row, D);  // H is its own inverse
+        StoreRow(out_dtype, dst, (tile * G + t) * D, D, row);
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+Status CheckPagedTables(const Config& cfg, const PagedKV& kv) {
+  const int G = cfg.G;
+  for (int b = 0; b < kv.batch; ++b) {
+    const int64_t n = kv.seq_lens[b];
+    const int64_t rt = kv.record_tiles[b];
+    const std::string who = "sequence " + std::to_string(b) + ": ";
+    if (n < 0 || rt < 0) return InvalidArgument(who + "negative seq_len or record_tiles");
+    const int64_t tiles = (n + G - 1) / G;
+    if (tiles > kv.max_blocks_per_seq) {
+      return InvalidArgument(who + std::to_string(n) + " tokens need " + std::to_string(tiles) +
+                             " blocks, more than max_blocks_per_seq");
+    }
+    if (rt > 0 && cfg.sink_tiles + rt > n / G) {
+      return InvalidArgument(who + "record_tiles " + std::to_string(rt) +
+                             " exceeds the complete non-sink tiles of " + std::to_string(n) +
+                             " tokens");
+    }
+    for (int64_t i = 0; i < tiles; ++i) {
+      const int32_t id = kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + i];
+      const bool is_record = i >= cfg.sink_tiles && i < cfg.sink_tiles + rt;
+      const int32_t limit = is_record ? kv.num_record_blocks : kv.num_pages;
+      if (id < 0 || id >= limit) {
+        return InvalidArgument(who + "block_table entry " + std::to_string(i) + " = " +
+                               std::to_string(id) + " is outside the " +
+                               (is_record ? "record pool" : "page pool"));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int32_t* indptr,
+                   kvarn_dtype_t dtype, const void* k, const void* v) {
+  const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads;
+  KVARN_RETURN_IF_ERROR(CheckPagedTables(cfg, kv));
+  if (indptr[0] != 0) return InvalidArgument("token_indptr[0] must be 0");
+  for (int b = 0; b < kv.batch; ++b) {
+    if (indptr[b + 1] < indptr[b]) return InvalidArgument("token_indptr must not decrease");
+    const int64_t first = kv.seq_lens[b];
+    const int64_t last = first + (indptr[b + 1] - indptr[b]);  // exclusive
+    for (int64_t tile = first / G; first < last && tile <= (last - 1) / G; ++tile) {
+      const int64_t pos = std::max(first, tile * G);
+      if (tile >= kv.max_blocks_per_seq) {
+        return InvalidArgument("sequence " + std::to_string(b) + ": position " +
+                               std::to_string(pos) + " is beyond max_blocks_per_seq");
+      }
+      if (tile >= cfg.sink_tiles && tile < cfg.sink_tiles + kv.record_tiles[b]) {
+        return InvalidArgument("sequence " + std::to_string(b) + ": tile " +
+                               std::to_string(tile) + " is a record tile, not a page");
+      }
+      const int32_t page = kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + tile];
+      if (page < 0 || page >= kv.num_pages) {
+        return InvalidArgument("sequence " + std::to_string(b) + ": page id " +
+                               std::to_string(page) + " out of range");
+      }
+    }
+  }
+  // Stage every converted row first: a failure leaves the pages untouched.
+  const size_t total = static_cast<size_t>(indptr[kv.batch]);
+  std::vector<uint16_t> kh(total * Hk * D), vh(total * Hk * D);
+  Status st = ParallelStatus(ctx, total, [&](size_t tok) -> Status {
+    std::vector<float> row(D), scratch(D);
+    for (int h = 0; h < Hk; ++h) {
+      const size_t off = (tok * Hk + h) * D;
+      for (int which = 0; which < 2; ++which) {
+        LoadRow(dtype, which ? v : k, off, D, row.data());
+        if (!ToCacheFrame(row.data(), D, which ? cfg.v_rotate : cfg.k_rotate, scratch.data(),
+                          (which ? vh.data() : kh.data()) + off)) {
+          bool finite = true;
+          for (int d = 0; d < D; ++d) finite = finite && std::isfinite(row[d]);
+          return {finite ? KVARN_ERR_OVERFLOW : KVARN_ERR_NON_FINITE,
+                  std::string(which ? "v" : "k") + " of token " + std::to_string(tok) +
+                      ", head " + std::to_string(h) +
+                      (finite ? " exceeds the fp16 range" : " holds a NaN or Inf")};
+        }
+      }
+    }
+    return Status::Ok();
+  });
+  if (!st.ok()) return st;
+  const size_t page_elems = static_cast<size_t>(Hk) * G * D;
+  for (int b = 0; b < kv.batch; ++b) {
+    for (int32_t i = indptr[b]; i < indptr[b + 1]; ++i) {
+      const int64_t pos = kv.seq_lens[b] + (i - indptr[b]);
+      const int32_t page =
+          kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + pos / G];
+      for (int h = 0; h < Hk; ++h) {
+        const size_t dst = page * page_elems + (static_cast<size_t>(h) * G + pos % G) * D;
+        const size_t src = (static_cast<size_t>(i) * Hk + h) * D;
+        std::memcpy(kv.k_pages + dst, kh.data() + src, 2 * D);
+        std::memcpy(kv.v_pages + dst, vh.data() + src, 2 * D);
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
+                  const int32_t* src_pages, const int32_t* dst_blocks) {
+  const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads;
+  for (size_t i = 0; i < n_tiles; ++i) {
+    if (src_pages[i] < 0 || src_pages[i] >= kv.num_pages) {
+      return InvalidArgument("src_pages[" + std::to_string(i) + "] = " +
+                             std::to_string(src_pages[i]) + " is outside the page pool");
+    }
+    if (dst_blocks[i] < 0 || dst_blocks[i] >= kv.num_record_blocks) {
+      return InvalidArgument("dst_blocks[" + std::to_string(i) + "] = " +
+                             std::to_string(dst_blocks[i]) + " is outside the record pool");
+    }
+  }
+  const size_t rb = cfg.record_bytes();
+  const size_t page_elems = static_cast<size_t>(Hk) * G * D;
+  std::vector<uint8_t> staged(n_tiles * Hk * rb);
+  Status st = ParallelStatus(ctx, n_tiles * Hk, [&](size_t item) -> Status {
+    const size_t tile = item / Hk, h = item % Hk;
+    TileScratch s;
+    const size_t off = src_pages[tile] * page_elems + h * G * D;
+    Status r = QuantizeRecord(cfg, kv.k_pages + off, kv.v_pages + off, staged.data() + item * rb,
+                              s);
+    if (!r.ok()) {
+      return {r.code(), "page " + std::to_string(src_pages[tile]) + ", head " +
+                            std::to_string(h) + ": " + r.message()};
+    }
+    return r;
+  });
+  if (!st.ok()) return st;
+  for (size_t item = 0; item < n_tiles * Hk; ++item) {
+    const size_t tile = item / Hk, h = item % Hk;
+    std::memcpy(kv.records + (static_cast<size_t>(dst_blocks[tile]) * Hk + h) * kv.record_stride,
+                staged.data() + item * rb, rb);
+  }
+  return Status::Ok();
+}
+
+}  // namespace cpu
+}  // namespace kvarn

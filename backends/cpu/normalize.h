@@ -1,0 +1,29 @@
+// Variance normalization of one tile (ALGORITHM.md section 4): Sinkhorn-like passes in log space
+// that equalize the standard deviations of the rows and columns, keeping the best iterate.
+#pragma once
+
+#include <vector>
+
+namespace kvarn {
+namespace cpu {
+
+// Unbiased (n-1) standard deviation of n values `stride` floats apart, accumulated in double in
+// a fixed order (so every backend can reproduce it bit for bit).
+float SampleStd(const float* x, int n, int stride);
+
+// imb(X) = max col std / max(min col std, 1e-8) + max row std / max(min row std, 1e-8).
+float Imbalance(const float* X, int R, int C);
+
+struct NormalizeResult {
+  float initial_imbalance = 0.f;
+  float best_imbalance = 0.f;
+  int best_iteration = 0;  // 0 = the input itself (scales 1)
+};
+
+// M: R x C row-major fp32. Writes the row scales s_r [R] and column scales s_c [C] of the best
+// iterate; X is scratch of R*C floats. With iterations == 0 the scales are 1.
+NormalizeResult NormalizeTile(const float* M, int R, int C, int iterations, float* s_r,
+                              float* s_c, std::vector<float>& X);
+
+}  // namespace cpu
+}  // namespace kvarn

@@ -1,0 +1,277 @@
+// Decode and extend attention over records + fp16 pages on the CPU (ALGORITHM.md section 9).
+// The scales are folded into the inner products so the loops run on the integer codes; the
+// softmax is an fp32 online softmax per (query token, query head). Work items are
+// (sequence, KV head, split); splits are merged by log-sum-exp in a fixed order, and the split
+// count depends only on the shape, so results are independent of the thread count.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_kernels.h"
+#include "backends/cpu/dtype_io.h"
+#include "backends/cpu/hadamard.h"
+#include "backends/cpu/rtn_pack.h"
+#include "core/thread_pool.h"
+
+namespace kvarn {
+namespace cpu {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Tiles per split when the split count is automatic.
+constexpr int kTilesPerSplit = 64;
+constexpr int kMaxSplits = 64;
+
+inline float ReadHalf(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return half_to_float(v);
+}
+
+// Online-softmax state of one (query token, query head).
+struct SoftmaxState {
+  float m;
+  float l;
+  float* acc;  // D floats
+};
+
+// One tile's contribution in folded form for all queries of a work item.
+class TileVisitor {
+ public:
+  TileVisitor(const Config& cfg, const PagedKV& kv, float scale)
+      : cfg_(cfg), kv_(kv), scale_(scale), D_(cfg.D), G_(cfg.G) {
+    kcodes_.resize(static_cast<size_t>(D_) * G_);
+    vcodes_.resize(kcodes_.size());
+    ka_.resize(D_);
+    kz_.resize(D_);
+    kc_.resize(G_);
+    va_.resize(G_);
+    vz_.resize(G_);
+    vc_.resize(D_);
+    kf_.resize(kcodes_.size());
+    vf_.resize(kcodes_.size());
+    scores_.resize(G_);
+    vsum_.resize(D_);
+  }
+
+  // Loads a record tile (unpacked codes and fp32 scales).
+  void LoadRecord(const uint8_t* rec) {
+    const RecordLayout& L = cfg_.layout;
+    UnpackRows(rec + L.offset[KVARN_FIELD_K_CODES], D_, G_, cfg_.key_bits, kcodes_.data());
+    UnpackRows(rec + L.offset[KVARN_FIELD_V_CODES], G_, D_, cfg_.value_bits, vcodes_.data());
+    for (int d = 0; d < D_; ++d) {
+      ka_[d] = ReadHalf(rec + L.offset[KVARN_FIELD_K_SCALE] + 2 * d);
+      kz_[d] = ReadHalf(rec + L.offset[KVARN_FIELD_K_ZERO] + 2 * d);
+      vc_[d] = ReadHalf(rec + L.offset[KVARN_FIELD_V_CHANNEL_SCALE] + 2 * d);
+    }
+    for (int t = 0; t < G_; ++t) {
+      kc_[t] = ReadHalf(rec + L.offset[KVARN_FIELD_K_TOKEN_SCALE] + 2 * t);
+      va_[t] = ReadHalf(rec + L.offset[KVARN_FIELD_V_SCALE] + 2 * t);
+      vz_[t] = ReadHalf(rec + L.offset[KVARN_FIELD_V_ZERO] + 2 * t);
+    }
+    is_record_ = true;
+  }
+
+  // Loads an fp16 page tile (one KV head).
+  void LoadPage(const uint16_t* k, const uint16_t* v) {
+    for (size_t e = 0; e < kf_.size(); ++e) {
+      kf_[e] = half_to_float(k[e]);
+      vf_[e] = half_to_float(v[e]);
+    }
+    is_record_ = false;
+  }
+
+  // Adds tokens [0, n_valid) of the loaded tile to one query's state. q: rotated query [D].
+  void Accumulate(const float* q, int n_valid, SoftmaxState& st) {
+    if (n_valid <= 0) return;
+    float mx = kNegInf;
+    if (is_record_) {
+      // q'.K'[:,t] = c_t * (sum_d (q_d a_d) code[d,t] + sum_d q_d z_d)
+      float qz = 0.f;
+      std::fill(scores_.begin(), scores_.begin() + n_valid, 0.f);
+      for (int d = 0; d < D_; ++d) {
+        const float qa = q[d] * ka_[d];
+        qz += q[d] * kz_[d];
+        const uint8_t* codes = kcodes_.data() + static_cast<size_t>(d) * G_;
+        for (int t = 0; t < n_valid; ++t) scores_[t] += qa * codes[t];
+      }
+      for (int t = 0; t < n_valid; ++t) {
+        scores_[t] = scale_ * kc_[t] * (scores_[t] + qz);
+        mx = std::max(mx, scores_[t]);
+      }
+    } else {
+      for (int t = 0; t < n_valid; ++t) {
+        const float* kr = kf_.data() + static_cast<size_t>(t) * D_;
+        float s = 0.f;
+        for (int d = 0; d < D_; ++d) s += q[d] * kr[d];
+        scores_[t] = scale_ * s;
+        mx = std::max(mx, scores_[t]);
+      }
+    }
+    const float m_new = std::max(st.m, mx);
+    const float alpha = st.m == kNegInf ? 0.f : std::exp(st.m - m_new);
+    float psum = 0.f;
+    for (int t = 0; t < n_valid; ++t) {
+      scores_[t] = std::exp(scores_[t] - m_new);
+      psum += scores_[t];
+    }
+    st.l = st.l * alpha + psum;
+    st.m = m_new;
+    if (is_record_) {
+      // sum_t p_t V'[t,:] = c' * (sum_t (p_t a'_t) code[t,:] + sum_t p_t z'_t)
+      std::fill(vsum_.begin(), vsum_.end(), 0.f);
+      float pz = 0.f;
+      for (int t = 0; t < n_valid; ++t) {
+        const float pa = scores_[t] * va_[t];
+        pz += scores_[t] * vz_[t];
+        const uint8_t* codes = vcodes_.data() + static_cast<size_t>(t) * D_;
+        for (int d = 0; d < D_; ++d) vsum_[d] += pa * codes[d];
+      }
+      for (int d = 0; d < D_; ++d) st.acc[d] = st.acc[d] * alpha + vc_[d] * (vsum_[d] + pz);
+    } else {
+      for (int d = 0; d < D_; ++d) st.acc[d] *= alpha;
+      for (int t = 0; t < n_valid; ++t) {
+        const float* vr = vf_.data() + static_cast<size_t>(t) * D_;
+        for (int d = 0; d < D_; ++d) st.acc[d] += scores_[t] * vr[d];
+      }
+    }
+  }
+
+ private:
+  const Config& cfg_;
+  const PagedKV& kv_;
+  float scale_;
+  int D_, G_;
+  bool is_record_ = false;
+  std::vector<uint8_t> kcodes_, vcodes_;
+  std::vector<float> ka_, kz_, kc_, va_, vz_, vc_, kf_, vf_, scores_, vsum_;
+};
+
+int NumSplits(const AttentionArgs& args, int max_tiles) {
+  if (args.num_splits > 0) return std::min(args.num_splits, std::max(max_tiles, 1));
+  return std::min(kMaxSplits, std::max(1, (max_tiles + kTilesPerSplit - 1) / kTilesPerSplit));
+}
+
+}  // namespace
+
+Status AttentionWorkspace(Context*, const Config&, const PagedKV&, const AttentionArgs&, size_t,
+                          size_t* bytes) {
+  *bytes = 0;  // the CPU backend keeps its partial results in its own memory
+  return Status::Ok();
+}
+
+Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv,
+                      const AttentionArgs& args, const void* q, void* out, float* lse, void*,
+                      size_t) {
+  const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads, Hq = args.num_q_heads;
+  const int group = Hq / Hk;
+  KVARN_RETURN_IF_ERROR(CheckPagedTables(cfg, kv));
+  // Query token ranges per sequence.
+  std::vector<int64_t> q_begin(kv.batch + 1);
+  for (int b = 0; b <= kv.batch; ++b) q_begin[b] = args.q_indptr ? args.q_indptr[b] : b;
+  if (q_begin[0] != 0) return InvalidArgument("q_indptr[0] must be 0");
+  int max_tiles = 0;
+  for (int b = 0; b < kv.batch; ++b) {
+    const int64_t nq = q_begin[b + 1] - q_begin[b];
+    if (nq < 0) return InvalidArgument("q_indptr must not decrease");
+    if (nq > kv.seq_lens[b]) {
+      return InvalidArgument("sequence " + std::to_string(b) + " has " + std::to_string(nq) +
+                             " query tokens but only " + std::to_string(kv.seq_lens[b]) +
+                             " cached tokens (the queries' own keys must be appended first)");
+    }
+    max_tiles = std::max<int>(max_tiles, (kv.seq_lens[b] + G - 1) / G);
+  }
+  const size_t total_q = static_cast<size_t>(q_begin[kv.batch]);
+  const int splits = NumSplits(args, max_tiles);
+
+  // Rotated queries in fp32: q' = q H when K is rotated.
+  std::vector<float> qr(total_q * Hq * D);
+  for (size_t r = 0; r < total_q * Hq; ++r) {
+    LoadRow(args.q_dtype, q, r * D, D, qr.data() + r * D);
+    if (cfg.k_rotate) HadamardInPlace(qr.data() + r * D, D);
+  }
+
+  // Partial results per (sequence, KV head, split): for each of its queries m, l, acc[D].
+  struct Partial {
+    std::vector<float> m, l, acc;
+  };
+  const size_t n_items = static_cast<size_t>(kv.batch) * Hk * splits;
+  std::vector<Partial> parts(n_items);
+  const size_t page_elems = static_cast<size_t>(Hk) * G * D;
+
+  ctx->pool->ParallelFor(n_items, [&](size_t item) {
+    const int b = static_cast<int>(item / (Hk * splits));
+    const int h = static_cast<int>((item / splits) % Hk);
+    const int split = static_cast<int>(item % splits);
+    const int64_t N = kv.seq_lens[b];
+    const int64_t nq = q_begin[b + 1] - q_begin[b];
+    const int tiles = static_cast<int>((N + G - 1) / G);
+    const int per = (tiles + splits - 1) / splits;
+    const int t0 = std::min(tiles, split * per), t1 = std::min(tiles, t0 + per);
+    Partial& P = parts[item];
+    const size_t nstate = static_cast<size_t>(nq) * group;
+    P.m.assign(nstate, kNegInf);
+    P.l.assign(nstate, 0.f);
+    P.acc.assign(nstate * D, 0.f);
+    TileVisitor vis(cfg, kv, args.scale);
+    const int32_t* row = kv.block_table + static_cast<size_t>(b) * kv.max_blocks_per_seq;
+    const int64_t rt = kv.record_tiles[b];
+    for (int tile = t0; tile < t1; ++tile) {
+      const bool is_record = tile >= cfg.sink_tiles && tile < cfg.sink_tiles + rt;
+      if (is_record) {
+        vis.LoadRecord(kv.records + (static_cast<size_t>(row[tile]) * Hk + h) * kv.record_stride);
+      } else {
+        const size_t off = row[tile] * page_elems + static_cast<size_t>(h) * G * D;
+        vis.LoadPage(kv.k_pages + off, kv.v_pages + off);
+      }
+      for (int64_t i = 0; i < nq; ++i) {
+        // Causal, aligned to the end: query i of nq sees keys < N - nq + i + 1.
+        const int64_t limit = N - nq + i + 1;
+        const int n_valid = static_cast<int>(std::min<int64_t>(G, limit - int64_t{tile} * G));
+        for (int g = 0; g < group; ++g) {
+          const size_t s = static_cast<size_t>(i) * group + g;
+          const float* qv = qr.data() + ((q_begin[b] + i) * Hq + h * group + g) * D;
+          SoftmaxState st{P.m[s], P.l[s], P.acc.data() + s * D};
+          vis.Accumulate(qv, n_valid, st);
+          P.m[s] = st.m;
+          P.l[s] = st.l;
+        }
+      }
+    }
+  });
+
+  // Merge the splits by log-sum-exp, normalize, un-rotate, store.
+  ctx->pool->ParallelFor(static_cast<size_t>(kv.batch) * Hk, [&](size_t bh) {
+    const int b = static_cast<int>(bh / Hk), h = static_cast<int>(bh % Hk);
+    const int64_t nq = q_begin[b + 1] - q_begin[b];
+    std::vector<float> o(D);
+    for (int64_t i = 0; i < nq; ++i) {
+      for (int g = 0; g < group; ++g) {
+        const size_t s = static_cast<size_t>(i) * group + g;
+        float M = kNegInf;
+        for (int sp = 0; sp < splits; ++sp) M = std::max(M, parts[bh * splits + sp].m[s]);
+        float L = 0.f;
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int sp = 0; sp < splits; ++sp) {
+          const Partial& P = parts[bh * splits + sp];
+          if (P.m[s] == kNegInf) continue;
+          const float w = std::exp(P.m[s] - M);
+          L += P.l[s] * w;
+          for (int d = 0; d < D; ++d) o[d] += P.acc[s * D + d] * w;
+        }
+        for (int d = 0; d < D; ++d) o[d] /= L;
+        if (cfg.v_rotate) HadamardInPlace(o.data(), D);  // o = o' H
+        const size_t qrow = (q_begin[b] + i) * Hq + h * group + g;
+        StoreRow(args.out_dtype, out, qrow * D, D, o.data());
+        if (lse != nullptr) lse[qrow] = M + std::log(L);
+      }
+    }
+  });
+  return Status::Ok();
+}
+
+}  // namespace cpu
+}  // namespace kvarn

@@ -1,0 +1,476 @@
+/*
+ * kvarn.h - the public C API of libkvarn (KVarN KV-cache quantization).
+ *
+ * Copyright 2026 The libkvarn Authors. SPDX-License-Identifier: Apache-2.0
+ *
+ * Three layers (see docs/API.md):
+ *   1. Codec (stateless): rotate, quantize tiles to records, dequantize records.
+ *   2. Paged attention (stateless, engine-owned memory): append tokens into fp16 pages, flush
+ *      completed tiles into records, decode/extend attention over records + pages.
+ *   3. Managed cache (stateful): kvarn_cache_t owns its pools; sequences, append, commit,
+ *      truncate, fork, attention, statistics, export/import.
+ *
+ * ABI rules: every fallible call returns kvarn_status_t (0 = OK) and sets a thread-local message
+ * readable with kvarn_last_error(). No call aborts the process on bad input. A failing call
+ * changes nothing it was given to write (outputs and caches are left as they were). Option structs
+ * start with a `size` field and are initialized by their *_defaults() function.
+ *
+ * Memory: "host" pointers are ordinary process memory. For a context on a GPU backend, tensor
+ * pointers are device pointers of the context's device, and `stream` is a cudaStream_t /
+ * hipStream_t passed as void* (NULL = the default stream).
+ *
+ * Layouts: all tensors are dense, row-major, with the shapes written beside each argument.
+ * Dtypes are named by kvarn_dtype_t. "Hk" = KV heads, "Hq" = query heads (a multiple of Hk),
+ * "D" = head_dim, "G" = tile tokens.
+ */
+#ifndef KVARN_KVARN_H_
+#define KVARN_KVARN_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#if defined(KVARN_BUILDING_LIBRARY)
+#define KVARN_API __declspec(dllexport)
+#else
+#define KVARN_API __declspec(dllimport)
+#endif
+#elif defined(__GNUC__) || defined(__clang__)
+#define KVARN_API __attribute__((visibility("default")))
+#else
+#define KVARN_API
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Versions
+ * ------------------------------------------------------------------------------------------- */
+
+#define KVARN_VERSION_MAJOR 0
+#define KVARN_VERSION_MINOR 1
+#define KVARN_VERSION_PATCH 0
+/* The ABI major: the SONAME is libkvarn.so.<KVARN_ABI_VERSION>. */
+#define KVARN_ABI_VERSION 0
+/* major * 10000 + minor * 100 + patch */
+#define KVARN_VERSION_NUMBER \
+  (KVARN_VERSION_MAJOR * 10000 + KVARN_VERSION_MINOR * 100 + KVARN_VERSION_PATCH)
+
+/* Run-time version of the loaded library: major * 10000 + minor * 100 + patch. */
+KVARN_API uint32_t kvarn_version_number(void);
+/* "MAJOR.MINOR.PATCH"; static storage, never NULL. */
+KVARN_API const char* kvarn_version_string(void);
+/* The ABI major of the loaded library (equals KVARN_ABI_VERSION it was built with). */
+KVARN_API uint32_t kvarn_abi_version(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Status codes (values are pinned and stable)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum kvarn_status {
+  KVARN_OK = 0,
+  KVARN_ERR_INVALID_ARGUMENT = 1,  /* NULL pointer, bad size, bad value */
+  KVARN_ERR_UNSUPPORTED = 2,       /* valid but unsupported (shape, dtype, bits, backend op) */
+  KVARN_ERR_OUT_OF_MEMORY = 3,     /* an allocation failed */
+  KVARN_ERR_BACKEND_UNAVAILABLE = 4, /* backend not built or no device present */
+  KVARN_ERR_NON_FINITE = 5,        /* NaN or Inf in an input */
+  KVARN_ERR_OVERFLOW = 6,          /* a value or scale does not fit fp16 */
+  KVARN_ERR_CAPACITY = 7,          /* a managed cache limit would be exceeded */
+  KVARN_ERR_NOT_FOUND = 8,         /* unknown sequence id, preset name, index */
+  KVARN_ERR_ALREADY_EXISTS = 9,    /* sequence id already in use */
+  KVARN_ERR_CORRUPT_DATA = 10,     /* blob truncated, bit-flipped or of another version */
+  KVARN_ERR_BUFFER_TOO_SMALL = 11, /* output or workspace buffer too small */
+  KVARN_ERR_INVALID_STATE = 12,    /* operation not allowed in the current state */
+  KVARN_ERR_DEVICE = 13,           /* a device (CUDA/HIP) call failed; message has details */
+  KVARN_ERR_INTERNAL = 14,         /* a bug: please report */
+  KVARN_STATUS_SENTINEL_ = 0x7fffffff /* pins the enum to 32 bits */
+} kvarn_status_t;
+
+/* A static English description of a status; never NULL (unknown values give "unknown status"). */
+KVARN_API const char* kvarn_status_string(kvarn_status_t status);
+/* The detail message of the last failing call on this thread ("" if none). Valid until the next
+ * kvarn_* call on this thread. Never NULL. */
+KVARN_API const char* kvarn_last_error(void);
+
+/* ---------------------------------------------------------------------------------------------
+ * Enumerations
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum kvarn_dtype {
+  KVARN_DTYPE_F32 = 0,
+  KVARN_DTYPE_F16 = 1,  /* IEEE binary16 */
+  KVARN_DTYPE_BF16 = 2, /* bfloat16 */
+  KVARN_DTYPE_SENTINEL_ = 0x7fffffff
+} kvarn_dtype_t;
+
+/* Bytes per element of a dtype (0 for an unknown value). */
+KVARN_API size_t kvarn_dtype_size(kvarn_dtype_t dtype);
+
+typedef enum kvarn_backend {
+  KVARN_BACKEND_AUTO = 0, /* a GPU when one is present, else the CPU */
+  KVARN_BACKEND_CPU = 1,
+  KVARN_BACKEND_CUDA = 2,
+  KVARN_BACKEND_ROCM = 3,
+  KVARN_BACKEND_SENTINEL_ = 0x7fffffff
+} kvarn_backend_t;
+
+typedef enum kvarn_cpu_isa {
+  KVARN_CPU_ISA_SCALAR = 0,
+  KVARN_CPU_ISA_AVX2 = 1,
+  KVARN_CPU_ISA_AVX512 = 2,
+  KVARN_CPU_ISA_NEON = 3,
+  KVARN_CPU_ISA_NONE = 255, /* the context does not run on the CPU */
+  KVARN_CPU_ISA_SENTINEL_ = 0x7fffffff
+} kvarn_cpu_isa_t;
+
+/* ---------------------------------------------------------------------------------------------
+ * Backends and CPU features
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kvarn_backend_info {
+  size_t size;           /* sizeof(kvarn_backend_info_t); set by the caller */
+  kvarn_backend_t backend;
+  const char* name;      /* "cpu", "cuda", "rocm"; static storage */
+  int32_t available;     /* 1 if contexts can be created on it */
+  int32_t device_count;  /* devices found (1 for the CPU) */
+  const char* reason;    /* why not available ("" when available); static storage */
+} kvarn_backend_info_t;
+
+/* Number of backends libkvarn knows (built or not); indexes run 0..count-1. */
+KVARN_API int32_t kvarn_backend_count(void);
+/* Describes backend `index`. info->size must be set. */
+KVARN_API kvarn_status_t kvarn_backend_get_info(int32_t index, kvarn_backend_info_t* info);
+/* Short name of a backend value ("auto", "cpu", ...); never NULL. */
+KVARN_API const char* kvarn_backend_name(kvarn_backend_t backend);
+
+/* Name of a CPU ISA ("scalar", "avx2", "avx512", "neon", "none"); never NULL. */
+KVARN_API const char* kvarn_cpu_isa_name(kvarn_cpu_isa_t isa);
+/* The best ISA this CPU supports that libkvarn was built with. */
+KVARN_API kvarn_cpu_isa_t kvarn_cpu_isa_best(void);
+/* Writes a space-separated list of detected CPU features ("sse4.2 avx2 fma avx512f ...") into
+ * buf (NUL-terminated, truncated to buf_bytes). Returns KVARN_ERR_BUFFER_TOO_SMALL if truncated.*/
+KVARN_API kvarn_status_t kvarn_cpu_features(char* buf, size_t buf_bytes);
+/* Caps the ISA used by CPU contexts created after this call (process-wide; the environment
+ * variable KVARN_CPU_ISA=scalar|avx2|avx512|neon sets the initial cap). */
+KVARN_API kvarn_status_t kvarn_set_max_cpu_isa(kvarn_cpu_isa_t isa);
+
+/* ---------------------------------------------------------------------------------------------
+ * Contexts
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kvarn_context kvarn_context_t;
+
+typedef struct kvarn_context_options {
+  size_t size;             /* sizeof(kvarn_context_options_t) */
+  kvarn_backend_t backend; /* default KVARN_BACKEND_AUTO */
+  int32_t device;          /* device ordinal for GPU backends; default 0 */
+  void* stream;            /* cudaStream_t / hipStream_t; NULL = default stream */
+  int32_t num_threads;     /* CPU worker threads; 0 = hardware concurrency (default) */
+} kvarn_context_options_t;
+
+KVARN_API void kvarn_context_options_defaults(kvarn_context_options_t* options);
+/* Creates a context. options may be NULL (defaults). An explicitly requested backend that is not
+ * available fails with KVARN_ERR_BACKEND_UNAVAILABLE (never a silent fallback). */
+KVARN_API kvarn_status_t kvarn_context_create(const kvarn_context_options_t* options,
+                                              kvarn_context_t** out_context);
+/* NULL is a no-op. */
+KVARN_API void kvarn_context_destroy(kvarn_context_t* context);
+/* The backend that runs this context's calls (never AUTO). */
+KVARN_API kvarn_status_t kvarn_context_get_backend(const kvarn_context_t* context,
+                                                   kvarn_backend_t* out_backend);
+/* The CPU ISA of this context (KVARN_CPU_ISA_NONE for GPU contexts). */
+KVARN_API kvarn_status_t kvarn_context_get_cpu_isa(const kvarn_context_t* context,
+                                                   kvarn_cpu_isa_t* out_isa);
+/* Device ordinal (0 for the CPU) and worker threads (1 for GPU contexts). */
+KVARN_API kvarn_status_t kvarn_context_get_device(const kvarn_context_t* context,
+                                                  int32_t* out_device);
+KVARN_API kvarn_status_t kvarn_context_get_num_threads(const kvarn_context_t* context,
+                                                       int32_t* out_threads);
+
+/* ---------------------------------------------------------------------------------------------
+ * Configurations (ALGORITHM.md sections 2-7)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Ablation switches, per tensor (K and V separately): for accuracy studies and baselines. */
+#define KVARN_ABLATE_NONE 0u
+#define KVARN_ABLATE_NO_ROTATION 1u      /* the cache holds unrotated vectors */
+#define KVARN_ABLATE_NO_NORMALIZATION 2u /* no Sinkhorn passes: plain per-row RTN */
+
+typedef struct kvarn_config {
+  size_t size;          /* sizeof(kvarn_config_t) */
+  int32_t head_dim;     /* D: 64, 128, 256, 512 */
+  int32_t tile_tokens;  /* G: 64, 128 */
+  int32_t key_bits;     /* bK: 2, 4, 8 */
+  int32_t value_bits;   /* bV: 2, 4, 8 */
+  int32_t iterations;   /* Sinkhorn passes T: 0..32 (default 8) */
+  int32_t sink_tiles;   /* leading tiles kept fp16: 0..64 (default 1) */
+  uint32_t key_flags;   /* KVARN_ABLATE_* for K */
+  uint32_t value_flags; /* KVARN_ABLATE_* for V */
+} kvarn_config_t;
+
+/* The default configuration: preset "k4v2_g128", D 128, T 8, one sink tile, no ablation. */
+KVARN_API void kvarn_config_defaults(kvarn_config_t* config);
+/* Fills config from a preset name ("k4v2_g128", "k4v2_g64", "k4v4_g128", "k4v4_g64",
+ * "k2v2_g128", "k8v8_g128", and any "k<b>v<b>_g<G>" with b in {2,4,8}, G in {64,128}) and a head
+ * dim; other fields get their defaults. Unknown names give KVARN_ERR_NOT_FOUND. */
+KVARN_API kvarn_status_t kvarn_config_from_preset(const char* preset, int32_t head_dim,
+                                                  kvarn_config_t* config);
+/* Number of named presets and the name of preset `index` (static storage; NULL if out of range).*/
+KVARN_API int32_t kvarn_preset_count(void);
+KVARN_API const char* kvarn_preset_name(int32_t index);
+/* KVARN_OK if every field is supported; else KVARN_ERR_UNSUPPORTED or INVALID_ARGUMENT. */
+KVARN_API kvarn_status_t kvarn_config_validate(const kvarn_config_t* config);
+
+/* Record fields in storage order (ALGORITHM.md section 7). */
+typedef enum kvarn_record_field {
+  KVARN_FIELD_K_CODES = 0, /* D rows x G codes of bK bits */
+  KVARN_FIELD_K_SCALE = 1, /* a: fp16 [D] */
+  KVARN_FIELD_K_ZERO = 2,  /* z: fp16 [D] */
+  KVARN_FIELD_K_TOKEN_SCALE = 3, /* c: fp16 [G] */
+  KVARN_FIELD_V_CODES = 4, /* G rows x D codes of bV bits */
+  KVARN_FIELD_V_CHANNEL_SCALE = 5, /* c': fp16 [D] */
+  KVARN_FIELD_V_SCALE = 6, /* a': fp16 [G] */
+  KVARN_FIELD_V_ZERO = 7,  /* z': fp16 [G] */
+  KVARN_FIELD_COUNT = 8,
+  KVARN_FIELD_SENTINEL_ = 0x7fffffff
+} kvarn_record_field_t;
+
+/* Bytes of one record: D*G*(bK+bV)/8 + 6D + 6G (13,824 for D128 G128 k4v2). */
+KVARN_API kvarn_status_t kvarn_record_bytes(const kvarn_config_t* config, size_t* out_bytes);
+/* Byte offset and length of one field inside a record. */
+KVARN_API kvarn_status_t kvarn_record_field(const kvarn_config_t* config,
+                                            kvarn_record_field_t field, size_t* out_offset,
+                                            size_t* out_bytes);
+
+/* ---------------------------------------------------------------------------------------------
+ * Layer 1: codec (stateless, batched)
+ * ------------------------------------------------------------------------------------------- */
+
+/* Rotates n_rows vectors of head_dim channels by the orthonormal Sylvester Hadamard matrix
+ * (ALGORITHM.md section 3): out[r,:] = in[r,:] H, computed in fp32, rounded to out_dtype
+ * (nearest even). H is its own inverse, so the same call un-rotates.
+ * in:  [n_rows][head_dim] of in_dtype;  out: [n_rows][head_dim] of out_dtype (may equal in when
+ * the dtypes are equal). head_dim in {64,128,256,512}. */
+KVARN_API kvarn_status_t kvarn_rotate(kvarn_context_t* context, int32_t head_dim, size_t n_rows,
+                                      kvarn_dtype_t in_dtype, const void* in,
+                                      kvarn_dtype_t out_dtype, void* out);
+
+/* Flags of kvarn_quantize / kvarn_dequantize. */
+#define KVARN_CODEC_DEFAULT 0u
+/* quantize: the inputs are already in the cache frame (rotated per the config flags, fp16 values)
+ * so no rotation is applied. dequantize: return the cache frame (do not un-rotate). */
+#define KVARN_CODEC_CACHE_FRAME 1u
+
+/* Quantizes n_tiles (K, V) tile pairs into records (ALGORITHM.md sections 3-7).
+ * k, v: [n_tiles][G][D] of dtype, tokens x channels, unrotated (as an engine appends them) unless
+ *       KVARN_CODEC_CACHE_FRAME is set. They are rotated (unless ablated) and rounded to fp16
+ *       exactly as the cache stores them, then quantized.
+ * records: n_tiles records, record_stride bytes apart (>= kvarn_record_bytes; padding bytes are
+ *       left untouched).
+ * NaN/Inf inputs fail with KVARN_ERR_NON_FINITE, values or scales beyond fp16 with
+ * KVARN_ERR_OVERFLOW; on any failure no record is written. */
+KVARN_API kvarn_status_t kvarn_quantize(kvarn_context_t* context, const kvarn_config_t* config,
+                                        size_t n_tiles, kvarn_dtype_t dtype, const void* k,
+                                        const void* v, uint32_t flags, void* records,
+                                        size_t record_stride);
+
+/* Reconstructs tiles from records: K'[t,d] = (code*a_d + z_d)*c_t, V'[t,d] = (code*a'_t + z'_t)*c'_d,
+ * then un-rotates (unless KVARN_CODEC_CACHE_FRAME or the tensor was not rotated).
+ * records: n_tiles records record_stride bytes apart; k_out, v_out: [n_tiles][G][D] of out_dtype
+ * (either may be NULL to skip it). */
+KVARN_API kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_config_t* config,
+                                          size_t n_tiles, const void* records,
+                                          size_t record_stride, uint32_t flags,
+                                          kvarn_dtype_t out_dtype, void* k_out, void* v_out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Layer 2: paged attention over engine-owned memory
+ *
+ * A sequence of N tokens is a list of tiles of G tokens; tile i covers tokens [i*G, (i+1)*G).
+ * Tiles [0, sink_tiles) (the sink) and tiles from sink_tiles + num_record_tiles on (the tail) are
+ * fp16 pages; the num_record_tiles tiles in between are records. block_table[b][i] names the
+ * page (fp16 tiles) or the record block (record tiles) of tile i of sequence b.
+ *   page p:          k_pages + p * Hk*G*D halves, layout [Hk][G][D] (HND), same for v_pages;
+ *                    holds rotated fp16 vectors (the cache frame).
+ *   record block r:  records + r * Hk * record_stride bytes: the Hk records of one tile, in KV
+ *                    head order, record_stride bytes apart.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kvarn_paged_kv {
+  size_t size;                   /* sizeof(kvarn_paged_kv_t) */
+  int32_t num_kv_heads;          /* Hk */
+  int32_t batch;                 /* number of sequences */
+  void* records;                 /* record pool, num_record_blocks * Hk * record_stride bytes */
+  size_t record_stride;          /* bytes between records (>= kvarn_record_bytes, multiple of 2)*/
+  int32_t num_record_blocks;     /* blocks in the record pool (bounds check) */
+  void* k_pages;                 /* fp16 [num_pages][Hk][G][D] */
+  void* v_pages;                 /* fp16 [num_pages][Hk][G][D] */
+  int32_t num_pages;             /* pages in each page pool (bounds check) */
+  const int32_t* block_table;    /* [batch][max_blocks_per_seq]; host memory for CPU contexts */
+  int32_t max_blocks_per_seq;    /* row stride of block_table */
+  const int32_t* seq_lens;       /* [batch] tokens N_b in the cache */
+  const int32_t* record_tiles;   /* [batch] tiles held as records */
+} kvarn_paged_kv_t;
+
+KVARN_API void kvarn_paged_kv_defaults(kvarn_paged_kv_t* kv);
+
+/* Writes new tokens into the fp16 pages: for sequence b, the tokens
+ * [token_indptr[b], token_indptr[b+1]) of k/v go to positions seq_lens[b], seq_lens[b]+1, ...,
+ * rotated (per the config) and rounded to fp16. The pages of those positions must already be in
+ * block_table and must be fp16 tiles. seq_lens is not modified (the engine owns it).
+ * token_indptr: [batch+1] int32 (host); k, v: [token_indptr[batch]][Hk][D] of dtype.
+ * Non-finite or fp16-overflowing inputs fail with nothing written. */
+KVARN_API kvarn_status_t kvarn_paged_append(kvarn_context_t* context, const kvarn_config_t* config,
+                                            const kvarn_paged_kv_t* kv,
+                                            const int32_t* token_indptr, kvarn_dtype_t dtype,
+                                            const void* k, const void* v);
+
+/* Quantizes n_tiles complete fp16 pages into record blocks: page src_pages[i] (all Hk heads)
+ * -> record block dst_blocks[i]. Only kv->num_kv_heads, pools, strides and counts are read.
+ * src_pages, dst_blocks: [n_tiles] int32 (host). On failure no record is written. */
+KVARN_API kvarn_status_t kvarn_paged_flush(kvarn_context_t* context, const kvarn_config_t* config,
+                                           const kvarn_paged_kv_t* kv, size_t n_tiles,
+                                           const int32_t* src_pages, const int32_t* dst_blocks);
+
+typedef struct kvarn_attention_params {
+  size_t size;               /* sizeof(kvarn_attention_params_t) */
+  int32_t num_q_heads;       /* Hq, a multiple of Hk; query head h reads KV head h / (Hq/Hk) */
+  float scale;               /* softmax scale; 0 = 1/sqrt(D) (default 0) */
+  const int32_t* q_indptr;   /* [batch+1] query tokens per sequence (host), or NULL = decode
+                                (one query token per sequence). Query i of n_b attends to keys
+                                [0, N_b - n_b + i] (causal, aligned to the sequence end). */
+  kvarn_dtype_t q_dtype;     /* dtype of q */
+  kvarn_dtype_t out_dtype;   /* dtype of out */
+  int32_t num_splits;        /* split-K partitions per (sequence, KV head); 0 = automatic */
+} kvarn_attention_params_t;
+
+KVARN_API void kvarn_attention_params_defaults(kvarn_attention_params_t* params);
+
+/* Workspace bytes kvarn_paged_attention needs for this shape (0 is possible). */
+KVARN_API kvarn_status_t kvarn_paged_attention_workspace_size(
+    kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
+    const kvarn_attention_params_t* params, size_t total_q_tokens, size_t* out_bytes);
+
+/* Attention of queries over the cache (ALGORITHM.md section 9): the query is rotated when K is,
+ * the output un-rotated when V is; fp32 online softmax.
+ * q:   [total_q_tokens][Hq][D] of params->q_dtype, unrotated; total_q_tokens = batch for decode,
+ *      q_indptr[batch] for extend.
+ * out: [total_q_tokens][Hq][D] of params->out_dtype.
+ * lse: [total_q_tokens][Hq] float, natural log of the softmax denominator of the scaled scores,
+ *      or NULL.
+ * workspace: workspace_bytes bytes of the context's memory (>= the queried size), may be NULL
+ *      when the queried size is 0. */
+KVARN_API kvarn_status_t kvarn_paged_attention(kvarn_context_t* context,
+                                               const kvarn_config_t* config,
+                                               const kvarn_paged_kv_t* kv,
+                                               const kvarn_attention_params_t* params,
+                                               const void* q, void* out, float* lse,
+                                               void* workspace, size_t workspace_bytes);
+
+/* ---------------------------------------------------------------------------------------------
+ * Layer 3: managed cache
+ *
+ * A cache owns, for each layer, a record pool and fp16 page pools on the context's device.
+ * Sequences are named by caller-chosen int64 ids. Tokens appended to a layer are committed at
+ * once unless appended with KVARN_APPEND_SPECULATIVE; a tile is quantized exactly once, when all
+ * its G tokens are committed (and it is not a sink tile). Attention sees every appended token,
+ * speculative or not.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kvarn_cache kvarn_cache_t;
+
+typedef struct kvarn_cache_options {
+  size_t size;             /* sizeof(kvarn_cache_options_t) */
+  kvarn_config_t config;   /* the quantization config (default: kvarn_config_defaults) */
+  int32_t num_layers;      /* >= 1 (default 1) */
+  int32_t num_kv_heads;    /* Hk >= 1 (default 8) */
+  int64_t max_tokens;      /* capacity in tokens over all sequences (default 65536) */
+  int32_t max_sequences;   /* (default 256) */
+} kvarn_cache_options_t;
+
+KVARN_API void kvarn_cache_options_defaults(kvarn_cache_options_t* options);
+/* Creates a cache on the context's backend/device. The context must outlive the cache. */
+KVARN_API kvarn_status_t kvarn_cache_create(kvarn_context_t* context,
+                                            const kvarn_cache_options_t* options,
+                                            kvarn_cache_t** out_cache);
+KVARN_API void kvarn_cache_destroy(kvarn_cache_t* cache);
+
+KVARN_API kvarn_status_t kvarn_cache_add_sequence(kvarn_cache_t* cache, int64_t seq_id);
+/* Removes a sequence and frees what only it used. */
+KVARN_API kvarn_status_t kvarn_cache_remove_sequence(kvarn_cache_t* cache, int64_t seq_id);
+/* New sequence dst_id holding the first n_tokens tokens of src_id in every layer (n_tokens <= the
+ * committed length of src in every layer; -1 = all committed tokens). Records of the shared
+ * prefix are shared, not copied. Fails with INVALID_STATE if n_tokens cuts a record tile. */
+KVARN_API kvarn_status_t kvarn_cache_fork(kvarn_cache_t* cache, int64_t src_id, int64_t dst_id,
+                                          int64_t n_tokens);
+/* Drops tokens beyond n_tokens in every layer (committed or speculative). Tokens inside a tile
+ * already quantized cannot be dropped alone: n_tokens must not fall strictly inside a record
+ * tile (INVALID_STATE); whole record tiles may be dropped. */
+KVARN_API kvarn_status_t kvarn_cache_truncate(kvarn_cache_t* cache, int64_t seq_id,
+                                              int64_t n_tokens);
+
+#define KVARN_APPEND_DEFAULT 0u
+#define KVARN_APPEND_SPECULATIVE 1u /* tokens stay uncommitted until commit/truncate */
+
+/* Appends n_tokens tokens to one layer of one sequence. k, v: [n_tokens][Hk][D] of dtype,
+ * unrotated, in the context's memory. Without KVARN_APPEND_SPECULATIVE the tokens are committed
+ * (not allowed while the layer holds speculative tokens: INVALID_STATE) and completed tiles are
+ * quantized. On any failure the cache is exactly as before. */
+KVARN_API kvarn_status_t kvarn_cache_append(kvarn_cache_t* cache, int64_t seq_id, int32_t layer,
+                                            size_t n_tokens, kvarn_dtype_t dtype, const void* k,
+                                            const void* v, uint32_t flags);
+/* Commits the first n_tokens tokens of the sequence in every layer (every layer must hold at
+ * least n_tokens; committing fewer than already committed is INVALID_ARGUMENT). Completed tiles
+ * are quantized. Speculative tokens beyond n_tokens stay speculative. */
+KVARN_API kvarn_status_t kvarn_cache_commit(kvarn_cache_t* cache, int64_t seq_id,
+                                            int64_t n_tokens);
+
+/* Tokens in one layer of a sequence (committed + speculative) and the committed count. */
+KVARN_API kvarn_status_t kvarn_cache_sequence_length(const kvarn_cache_t* cache, int64_t seq_id,
+                                                     int32_t layer, int64_t* out_tokens,
+                                                     int64_t* out_committed);
+
+/* Attention for one layer over n_seqs sequences (decode when params->q_indptr is NULL, extend
+ * otherwise). q: [total_q_tokens][Hq][D], out likewise, lse [total_q_tokens][Hq] or NULL, all in
+ * the context's memory; seq_ids: [n_seqs] (host). */
+KVARN_API kvarn_status_t kvarn_cache_attention(kvarn_cache_t* cache, int32_t layer,
+                                               size_t n_seqs, const int64_t* seq_ids,
+                                               const kvarn_attention_params_t* params,
+                                               const void* q, void* out, float* lse);
+
+typedef struct kvarn_cache_stats {
+  size_t size;               /* sizeof(kvarn_cache_stats_t) */
+  int64_t sequences;
+  int64_t tokens;            /* summed over sequences and layers */
+  int64_t committed_tokens;  /* summed over sequences and layers */
+  int64_t records;           /* distinct records in use (one per tile per KV head per layer) */
+  int64_t pages;             /* fp16 pages in use */
+  int64_t bytes_used;        /* record + page bytes in use */
+  int64_t bytes_capacity;    /* bytes reserved by the pools */
+  int64_t fp16_bytes;        /* bytes the same tokens take as an fp16 K/V cache */
+  double compression_ratio;  /* fp16_bytes / bytes_used (0 when empty) */
+} kvarn_cache_stats_t;
+
+/* stats->size must be set by the caller. */
+KVARN_API kvarn_status_t kvarn_cache_get_stats(const kvarn_cache_t* cache,
+                                               kvarn_cache_stats_t* stats);
+
+/* Serializes one sequence (all layers, committed and speculative state) as a versioned,
+ * checksummed blob. With buffer == NULL, only *out_bytes is set (the size needed). Fails with
+ * KVARN_ERR_BUFFER_TOO_SMALL (and sets *out_bytes) when buffer_bytes is too small. */
+KVARN_API kvarn_status_t kvarn_cache_export_sequence(const kvarn_cache_t* cache, int64_t seq_id,
+                                                     void* buffer, size_t buffer_bytes,
+                                                     size_t* out_bytes);
+/* Adds sequence seq_id from a blob made by kvarn_cache_export_sequence on a cache of the same
+ * config, layers and KV heads. Truncated, corrupted or foreign blobs give KVARN_ERR_CORRUPT_DATA
+ * and change nothing. blob: host memory. */
+KVARN_API kvarn_status_t kvarn_cache_import_sequence(kvarn_cache_t* cache, int64_t seq_id,
+                                                     const void* blob, size_t blob_bytes);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVARN_KVARN_H_ */

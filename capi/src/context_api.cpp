@@ -1,0 +1,151 @@
+// Backends, CPU features and contexts.
+#include <cstring>
+#include <string>
+
+#include "backends/cpu/cpu_isa.h"
+#include "capi/src/shim.h"
+
+using kvarn::Status;
+using kvarn::capi::Guard;
+using kvarn::capi::NeedContext;
+
+extern "C" {
+
+int32_t kvarn_backend_count(void) { return kvarn::BackendCount(); }
+
+kvarn_status_t kvarn_backend_get_info(int32_t index, kvarn_backend_info_t* info) {
+  return Guard([&]() -> Status {
+    if (info == nullptr) return kvarn::InvalidArgument("info is NULL");
+    if (info->size != sizeof(kvarn_backend_info_t)) {
+      return kvarn::InvalidArgument("info->size must be sizeof(kvarn_backend_info_t)");
+    }
+    if (index < 0 || index >= kvarn::BackendCount()) {
+      return {KVARN_ERR_NOT_FOUND, "backend index " + std::to_string(index) + " out of range"};
+    }
+    const kvarn::BackendOps* ops = kvarn::BackendAt(index);
+    const kvarn_backend_t kind = kvarn::BackendKindAt(index);
+    info->backend = kind;
+    info->name = kvarn_backend_name(kind);
+    if (ops == nullptr) {
+      info->available = 0;
+      info->device_count = 0;
+      info->reason = kvarn::BackendMissingReasonAt(index);
+      return Status::Ok();
+    }
+    int n = 0;
+    const char* reason = "";
+    ops->probe(&n, &reason);
+    info->available = n > 0 ? 1 : 0;
+    info->device_count = n;
+    info->reason = n > 0 ? "" : reason;
+    return Status::Ok();
+  });
+}
+
+const char* kvarn_backend_name(kvarn_backend_t backend) {
+  switch (backend) {
+    case KVARN_BACKEND_AUTO: return "auto";
+    case KVARN_BACKEND_CPU: return "cpu";
+    case KVARN_BACKEND_CUDA: return "cuda";
+    case KVARN_BACKEND_ROCM: return "rocm";
+    default: return "unknown";
+  }
+}
+
+const char* kvarn_cpu_isa_name(kvarn_cpu_isa_t isa) { return kvarn::cpu::IsaName(isa); }
+
+kvarn_cpu_isa_t kvarn_cpu_isa_best(void) { return kvarn::cpu::BestIsa(); }
+
+kvarn_status_t kvarn_cpu_features(char* buf, size_t buf_bytes) {
+  return Guard([&]() -> Status {
+    if (buf == nullptr || buf_bytes == 0) return kvarn::InvalidArgument("buf is NULL or empty");
+    const std::string f = kvarn::cpu::CpuFeatureString();
+    const size_t n = std::min(f.size(), buf_bytes - 1);
+    std::memcpy(buf, f.data(), n);
+    buf[n] = '\0';
+    if (n < f.size()) {
+      return {KVARN_ERR_BUFFER_TOO_SMALL,
+              "feature list needs " + std::to_string(f.size() + 1) + " bytes"};
+    }
+    return Status::Ok();
+  });
+}
+
+kvarn_status_t kvarn_set_max_cpu_isa(kvarn_cpu_isa_t isa) {
+  return Guard([&] { return kvarn::cpu::SetMaxIsa(isa); });
+}
+
+void kvarn_context_options_defaults(kvarn_context_options_t* o) {
+  if (o == nullptr) return;
+  std::memset(o, 0, sizeof *o);
+  o->size = sizeof *o;
+  o->backend = KVARN_BACKEND_AUTO;
+  o->device = 0;
+  o->stream = nullptr;
+  o->num_threads = 0;
+}
+
+kvarn_status_t kvarn_context_create(const kvarn_context_options_t* options,
+                                    kvarn_context_t** out_context) {
+  return Guard([&]() -> Status {
+    if (out_context == nullptr) return kvarn::InvalidArgument("out_context is NULL");
+    kvarn_context_options_t o;
+    kvarn_context_options_defaults(&o);
+    if (options != nullptr) {
+      if (options->size != sizeof(kvarn_context_options_t)) {
+        return kvarn::InvalidArgument(
+            "options->size mismatch (initialize with kvarn_context_options_defaults)");
+      }
+      o = *options;
+    }
+    if (o.num_threads < 0) return kvarn::InvalidArgument("num_threads must be >= 0");
+    auto handle = std::make_unique<kvarn_context>();
+    KVARN_RETURN_IF_ERROR(kvarn::CreateContext(o, &handle->impl));
+    *out_context = handle.release();
+    return Status::Ok();
+  });
+}
+
+void kvarn_context_destroy(kvarn_context_t* context) {
+  if (context == nullptr) return;
+  kvarn::DestroyContext(context->impl.release());
+  delete context;
+}
+
+kvarn_status_t kvarn_context_get_backend(const kvarn_context_t* c, kvarn_backend_t* out) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(c));
+    if (out == nullptr) return kvarn::InvalidArgument("out_backend is NULL");
+    *out = c->impl->backend;
+    return Status::Ok();
+  });
+}
+
+kvarn_status_t kvarn_context_get_cpu_isa(const kvarn_context_t* c, kvarn_cpu_isa_t* out) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(c));
+    if (out == nullptr) return kvarn::InvalidArgument("out_isa is NULL");
+    *out = c->impl->isa;
+    return Status::Ok();
+  });
+}
+
+kvarn_status_t kvarn_context_get_device(const kvarn_context_t* c, int32_t* out) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(c));
+    if (out == nullptr) return kvarn::InvalidArgument("out_device is NULL");
+    *out = c->impl->device;
+    return Status::Ok();
+  });
+}
+
+kvarn_status_t kvarn_context_get_num_threads(const kvarn_context_t* c, int32_t* out) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(c));
+    if (out == nullptr) return kvarn::InvalidArgument("out_threads is NULL");
+    *out = c->impl->num_threads;
+    return Status::Ok();
+  });
+}
+
+}  // extern "C"

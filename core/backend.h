@@ -1,0 +1,110 @@
+// The internal backend interface: a table of function pointers with a version field (ggml-style).
+// Backends register in core/registry.cpp; the C shims validate arguments, then dispatch here.
+// Every entry receives arguments already checked for NULLs, sizes and supported shapes by
+// core/ops.cpp; backends check what only they can read (e.g. block-table contents in their
+// memory).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/config.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "kvarn/kvarn.h"
+
+namespace kvarn {
+
+constexpr int kBackendInterfaceVersion = 1;
+
+// A validated view of kvarn_paged_kv_t.
+struct PagedKV {
+  int num_kv_heads = 0;
+  int batch = 0;
+  uint8_t* records = nullptr;
+  size_t record_stride = 0;
+  int num_record_blocks = 0;
+  uint16_t* k_pages = nullptr;
+  uint16_t* v_pages = nullptr;
+  int num_pages = 0;
+  const int32_t* block_table = nullptr;
+  int max_blocks_per_seq = 0;
+  const int32_t* seq_lens = nullptr;
+  const int32_t* record_tiles = nullptr;
+};
+
+struct AttentionArgs {
+  int num_q_heads = 0;
+  float scale = 0.f;                  // resolved: never 0
+  const int32_t* q_indptr = nullptr;  // NULL = decode
+  kvarn_dtype_t q_dtype = KVARN_DTYPE_F32;
+  kvarn_dtype_t out_dtype = KVARN_DTYPE_F32;
+  int num_splits = 0;
+};
+
+enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
+
+struct Context;
+
+struct BackendOps {
+  int interface_version;
+  kvarn_backend_t kind;
+  const char* name;
+
+  // Devices present (0 when unavailable) and, if unavailable, a static reason.
+  void (*probe)(int* device_count, const char** reason);
+  Status (*context_init)(Context* ctx);
+  void (*context_release)(Context* ctx);
+
+  // Memory in the context's address space (device memory for GPU backends).
+  Status (*alloc)(Context* ctx, size_t bytes, void** out);
+  void (*free)(Context* ctx, void* ptr);
+  Status (*copy)(Context* ctx, void* dst, const void* src, size_t bytes, CopyKind kind);
+  Status (*synchronize)(Context* ctx);
+
+  // Layer 1: codec.
+  Status (*rotate)(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const void* in,
+                   kvarn_dtype_t out_dtype, void* out);
+  Status (*quantize)(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype,
+                     const void* k, const void* v, uint32_t flags, void* records,
+                     size_t record_stride);
+  Status (*dequantize)(Context* ctx, const Config& cfg, size_t n_tiles, const void* records,
+                       size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k,
+                       void* v);
+
+  // Layer 2: paged cache.
+  Status (*paged_append)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                         const int32_t* token_indptr, kvarn_dtype_t dtype, const void* k,
+                         const void* v);
+  Status (*paged_flush)(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
+                        const int32_t* src_pages, const int32_t* dst_blocks);
+  Status (*attention_workspace)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                const AttentionArgs& args, size_t total_q, size_t* bytes);
+  Status (*paged_attention)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                            const AttentionArgs& args, const void* q, void* out, float* lse,
+                            void* workspace, size_t workspace_bytes);
+};
+
+struct Context {
+  const BackendOps* ops = nullptr;
+  kvarn_backend_t backend = KVARN_BACKEND_CPU;
+  int device = 0;
+  void* stream = nullptr;
+  int num_threads = 1;
+  kvarn_cpu_isa_t isa = KVARN_CPU_ISA_NONE;
+  std::unique_ptr<ThreadPool> pool;  // CPU backends
+  void* backend_state = nullptr;     // owned by the backend (context_release frees it)
+};
+
+// The registry (core/registry.cpp).
+int BackendCount();
+// Static description of backend `index` (0..BackendCount()-1).
+const BackendOps* BackendAt(int index);
+kvarn_backend_t BackendKindAt(int index);
+// Why backend `index` is not compiled in ("" when it is).
+const char* BackendMissingReasonAt(int index);
+Status CreateContext(const kvarn_context_options_t& options, std::unique_ptr<Context>* out);
+void DestroyContext(Context* ctx);
+
+}  // namespace kvarn

@@ -1,0 +1,211 @@
+#include "core/ops.h"
+
+#include <cmath>
+#include <string>
+
+namespace kvarn {
+namespace {
+
+Status CheckContext(Context* ctx) {
+  if (ctx == nullptr || ctx->ops == nullptr) return InvalidArgument("context is NULL");
+  return Status::Ok();
+}
+
+bool IsHeadDim(int d) { return d == 64 || d == 128 || d == 256 || d == 512; }
+
+Status CheckDtype(kvarn_dtype_t dtype, const char* what) {
+  if (!IsValidDtype(dtype)) {
+    return InvalidArgument(std::string(what) + ": unknown dtype value " +
+                           std::to_string(static_cast<int>(dtype)));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+bool IsValidDtype(kvarn_dtype_t dtype) {
+  return dtype == KVARN_DTYPE_F32 || dtype == KVARN_DTYPE_F16 || dtype == KVARN_DTYPE_BF16;
+}
+
+size_t DtypeSize(kvarn_dtype_t dtype) {
+  switch (dtype) {
+    case KVARN_DTYPE_F32: return 4;
+    case KVARN_DTYPE_F16:
+    case KVARN_DTYPE_BF16: return 2;
+    default: return 0;
+  }
+}
+
+Status OpRotate(Context* ctx, int32_t head_dim, size_t n_rows, kvarn_dtype_t in_dtype,
+                const void* in, kvarn_dtype_t out_dtype, void* out) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  if (!IsHeadDim(head_dim)) {
+    return Unsupported("head_dim " + std::to_string(head_dim) + " unsupported (64..512)");
+  }
+  KVARN_RETURN_IF_ERROR(CheckDtype(in_dtype, "in_dtype"));
+  KVARN_RETURN_IF_ERROR(CheckDtype(out_dtype, "out_dtype"));
+  if (n_rows == 0) return Status::Ok();
+  if (in == nullptr || out == nullptr) return InvalidArgument("in or out is NULL");
+  if (in == out && in_dtype != out_dtype) {
+    return InvalidArgument("in-place rotation needs equal in and out dtypes");
+  }
+  return ctx->ops->rotate(ctx, head_dim, n_rows, in_dtype, in, out_dtype, out);
+}
+
+Status OpQuantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype,
+                  const void* k, const void* v, uint32_t flags, void* records,
+                  size_t record_stride) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  KVARN_RETURN_IF_ERROR(CheckDtype(dtype, "dtype"));
+  if (flags & ~KVARN_CODEC_CACHE_FRAME) return InvalidArgument("unknown flags");
+  if (record_stride < cfg.record_bytes()) {
+    return InvalidArgument("record_stride " + std::to_string(record_stride) +
+                           " is smaller than the record size " +
+                           std::to_string(cfg.record_bytes()));
+  }
+  if (n_tiles == 0) return Status::Ok();
+  if (k == nullptr || v == nullptr || records == nullptr) {
+    return InvalidArgument("k, v or records is NULL");
+  }
+  return ctx->ops->quantize(ctx, cfg, n_tiles, dtype, k, v, flags, records, record_stride);
+}
+
+Status OpDequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* records,
+                    size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k,
+                    void* v) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  KVARN_RETURN_IF_ERROR(CheckDtype(out_dtype, "out_dtype"));
+  if (flags & ~KVARN_CODEC_CACHE_FRAME) return InvalidArgument("unknown flags");
+  if (record_stride < cfg.record_bytes()) {
+    return InvalidArgument("record_stride " + std::to_string(record_stride) +
+                           " is smaller than the record size " +
+                           std::to_string(cfg.record_bytes()));
+  }
+  if (n_tiles == 0) return Status::Ok();
+  if (records == nullptr) return InvalidArgument("records is NULL");
+  if (k == nullptr && v == nullptr) return InvalidArgument("k_out and v_out are both NULL");
+  return ctx->ops->dequantize(ctx, cfg, n_tiles, records, record_stride, flags, out_dtype, k, v);
+}
+
+Status ParsePagedKV(const kvarn_paged_kv_t* in, const Config& cfg, PagedKV* out) {
+  if (in == nullptr) return InvalidArgument("paged kv is NULL");
+  if (in->size != sizeof(kvarn_paged_kv_t)) {
+    return InvalidArgument("kv->size mismatch (initialize with kvarn_paged_kv_defaults)");
+  }
+  if (in->num_kv_heads <= 0) return InvalidArgument("num_kv_heads must be >= 1");
+  if (in->batch < 0) return InvalidArgument("batch must be >= 0");
+  if (in->num_pages < 0 || in->num_record_blocks < 0 || in->max_blocks_per_seq < 0) {
+    return InvalidArgument("negative pool or table size");
+  }
+  if (in->num_record_blocks > 0) {
+    if (in->records == nullptr) return InvalidArgument("records is NULL");
+    if (in->record_stride < cfg.record_bytes() || in->record_stride % 2 != 0) {
+      return InvalidArgument("record_stride must be even and >= the record size " +
+                             std::to_string(cfg.record_bytes()));
+    }
+  }
+  if (in->num_pages > 0 && (in->k_pages == nullptr || in->v_pages == nullptr)) {
+    return InvalidArgument("k_pages or v_pages is NULL");
+  }
+  if (in->batch > 0 && (in->block_table == nullptr || in->seq_lens == nullptr ||
+                        in->record_tiles == nullptr)) {
+    return InvalidArgument("block_table, seq_lens or record_tiles is NULL");
+  }
+  PagedKV kv;
+  kv.num_kv_heads = in->num_kv_heads;
+  kv.batch = in->batch;
+  kv.records = static_cast<uint8_t*>(in->records);
+  kv.record_stride = in->record_stride;
+  kv.num_record_blocks = in->num_record_blocks;
+  kv.k_pages = static_cast<uint16_t*>(in->k_pages);
+  kv.v_pages = static_cast<uint16_t*>(in->v_pages);
+  kv.num_pages = in->num_pages;
+  kv.block_table = in->block_table;
+  kv.max_blocks_per_seq = in->max_blocks_per_seq;
+  kv.seq_lens = in->seq_lens;
+  kv.record_tiles = in->record_tiles;
+  *out = kv;
+  return Status::Ok();
+}
+
+Status ParseAttentionParams(const kvarn_attention_params_t* in, const Config& cfg,
+                            int num_kv_heads, AttentionArgs* out) {
+  if (in == nullptr) return InvalidArgument("attention params are NULL");
+  if (in->size != sizeof(kvarn_attention_params_t)) {
+    return InvalidArgument("params->size mismatch (use kvarn_attention_params_defaults)");
+  }
+  if (in->num_q_heads <= 0 || in->num_q_heads % num_kv_heads != 0) {
+    return InvalidArgument("num_q_heads " + std::to_string(in->num_q_heads) +
+                           " must be a positive multiple of num_kv_heads " +
+                           std::to_string(num_kv_heads));
+  }
+  if (!std::isfinite(in->scale) || in->scale < 0.f) {
+    return InvalidArgument("scale must be finite and >= 0 (0 = 1/sqrt(head_dim))");
+  }
+  KVARN_RETURN_IF_ERROR(CheckDtype(in->q_dtype, "q_dtype"));
+  KVARN_RETURN_IF_ERROR(CheckDtype(in->out_dtype, "out_dtype"));
+  if (in->num_splits < 0) return InvalidArgument("num_splits must be >= 0");
+  AttentionArgs a;
+  a.num_q_heads = in->num_q_heads;
+  a.scale = in->scale > 0.f ? in->scale : 1.0f / std::sqrt(static_cast<float>(cfg.D));
+  a.q_indptr = in->q_indptr;
+  a.q_dtype = in->q_dtype;
+  a.out_dtype = in->out_dtype;
+  a.num_splits = in->num_splits;
+  *out = a;
+  return Status::Ok();
+}
+
+Status OpPagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv,
+                     const int32_t* token_indptr, kvarn_dtype_t dtype, const void* k,
+                     const void* v) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  KVARN_RETURN_IF_ERROR(CheckDtype(dtype, "dtype"));
+  if (kv.batch == 0) return Status::Ok();
+  if (token_indptr == nullptr) return InvalidArgument("token_indptr is NULL");
+  if (token_indptr[kv.batch] > 0 && (k == nullptr || v == nullptr)) {
+    return InvalidArgument("k or v is NULL");
+  }
+  if (token_indptr[kv.batch] > 0 && kv.num_pages == 0) return InvalidArgument("no pages");
+  return ctx->ops->paged_append(ctx, cfg, kv, token_indptr, dtype, k, v);
+}
+
+Status OpPagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
+                    const int32_t* src_pages, const int32_t* dst_blocks) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  if (n_tiles == 0) return Status::Ok();
+  if (src_pages == nullptr || dst_blocks == nullptr) {
+    return InvalidArgument("src_pages or dst_blocks is NULL");
+  }
+  if (kv.num_pages == 0 || kv.num_record_blocks == 0) {
+    return InvalidArgument("flush needs both a page pool and a record pool");
+  }
+  return ctx->ops->paged_flush(ctx, cfg, kv, n_tiles, src_pages, dst_blocks);
+}
+
+Status OpAttentionWorkspace(Context* ctx, const Config& cfg, const PagedKV& kv,
+                            const AttentionArgs& args, size_t total_q, size_t* bytes) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  if (bytes == nullptr) return InvalidArgument("out_bytes is NULL");
+  return ctx->ops->attention_workspace(ctx, cfg, kv, args, total_q, bytes);
+}
+
+Status OpPagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv,
+                        const AttentionArgs& args, const void* q, void* out, float* lse,
+                        void* workspace, size_t workspace_bytes) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  if (kv.batch == 0) return Status::Ok();
+  if (q == nullptr || out == nullptr) return InvalidArgument("q or out is NULL");
+  // q_indptr is host memory (kvarn.h), so the query count is known here.
+  const size_t total_q = args.q_indptr ? static_cast<size_t>(args.q_indptr[kv.batch]) : kv.batch;
+  size_t need = 0;
+  KVARN_RETURN_IF_ERROR(ctx->ops->attention_workspace(ctx, cfg, kv, args, total_q, &need));
+  if (workspace_bytes < need || (need > 0 && workspace == nullptr)) {
+    return {KVARN_ERR_BUFFER_TOO_SMALL, "workspace of " + std::to_string(workspace_bytes) +
+                                            " bytes is smaller than the " + std::to_string(need) +
+                                            " bytes needed"};
+  }
+  return ctx->ops->paged_attention(ctx, cfg, kv, args, q, out, lse, workspace, workspace_bytes);
+}
+
+}  // namespace kvarn

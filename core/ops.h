@@ -1,0 +1,37 @@
+// Layers 1 and 2 inside the core: argument checks on the public structs, then dispatch to the
+// context's backend. The C shims and the managed cache both call these.
+#pragma once
+
+#include "core/backend.h"
+
+namespace kvarn {
+
+bool IsValidDtype(kvarn_dtype_t dtype);
+size_t DtypeSize(kvarn_dtype_t dtype);
+
+Status OpRotate(Context* ctx, int32_t head_dim, size_t n_rows, kvarn_dtype_t in_dtype,
+                const void* in, kvarn_dtype_t out_dtype, void* out);
+Status OpQuantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype,
+                  const void* k, const void* v, uint32_t flags, void* records,
+                  size_t record_stride);
+Status OpDequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* records,
+                    size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k,
+                    void* v);
+
+// Checks the struct's own fields (not the contents of its tables, which may live on a device).
+Status ParsePagedKV(const kvarn_paged_kv_t* in, const Config& cfg, PagedKV* out);
+Status ParseAttentionParams(const kvarn_attention_params_t* in, const Config& cfg, int num_kv_heads,
+                            AttentionArgs* out);
+
+Status OpPagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv,
+                     const int32_t* token_indptr, kvarn_dtype_t dtype, const void* k,
+                     const void* v);
+Status OpPagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
+                    const int32_t* src_pages, const int32_t* dst_blocks);
+Status OpAttentionWorkspace(Context* ctx, const Config& cfg, const PagedKV& kv,
+                            const AttentionArgs& args, size_t total_q, size_t* bytes);
+Status OpPagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv,
+                        const AttentionArgs& args, const void* q, void* out, float* lse,
+                        void* workspace, size_t workspace_bytes);
+
+}  // namespace kvarn

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages libkvarn's build and tests need, only those missing.
+#
+#   scripts/install-deps.sh [extra-package ...]
+#
+# Used by .ci/run and scripts/selftest.sh. Uses sudo only when not root. Set
+# KVARN_SKIP_DEPS=1 to skip it (for example on a machine that is not Debian-based).
+set -euo pipefail
+
+if [[ "${KVARN_SKIP_DEPS:-0}" == "1" ]]; then
+  echo "install-deps: KVARN_SKIP_DEPS=1, not checking packages"
+  exit 0
+fi
+
+# The build and test toolchain (keep in sync with README.md).
+packages=(
+  build-essential
+  cmake
+  ninja-build
+  pkg-config
+  libgtest-dev
+  libgmock-dev
+  libbenchmark-dev
+  python3
+  python3-venv
+)
+packages+=("$@")
+
+if ! command -v dpkg-query >/dev/null 2>&1; then
+  echo "install-deps: dpkg-query not found (not a Debian-based system); install these yourself:" >&2
+  echo "  ${packages[*]}" >&2
+  exit 0
+fi
+
+missing=()
+for pkg in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+  if [[ "$status" != "install ok installed" ]]; then
+    missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+sudo_cmd=()
+if [[ "$(id -u)" != "0" ]]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo_cmd=(sudo)
+  else
+    echo "install-deps: missing ${missing[*]}, and not root and no sudo to install them" >&2
+    exit 1
+  fi
+fi
+
+echo "install-deps: installing ${missing[*]}"
+"${sudo_cmd[@]}" apt-get update
+"${sudo_cmd[@]}" env DEBIAN_FRONTEND=noninteractive \
+  apt-get install -y --no-install-recommends "${missing[@]}"

@@ -1,0 +1,95 @@
+// Independent float64 / plain-C++ references the selftest compares libkvarn against.
+//
+// Copyright 2026 The libkvarn Authors. SPDX-License-Identifier: Apache-2.0
+#include "reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace kvarn_selftest {
+
+double HalfToDouble(uint16_t bits) {
+  const int sign = (bits >> 15) & 1;
+  const int exponent = (bits >> 10) & 0x1f;
+  const int mantissa = bits & 0x3ff;
+  double value;
+  if (exponent == 0) {
+    value = std::ldexp(static_cast<double>(mantissa), -24);  // zero or subnormal
+  } else if (exponent == 31) {
+    value = mantissa == 0 ? std::numeric_limits<double>::infinity()
+                          : std::numeric_limits<double>::quiet_NaN();
+  } else {
+    value = std::ldexp(static_cast<double>(mantissa + 1024), exponent - 25);
+  }
+  return sign ? -value : value;
+}
+
+void HadamardInPlace(double* x, int n) {
+  // The iterative butterfly produces the Sylvester (natural) ordering, i.e. scipy's hadamard(n).
+  for (int h = 1; h < n; h *= 2) {
+    for (int i = 0; i < n; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const double a = x[j], b = x[j + h];
+        x[j] = a + b;
+        x[j + h] = a - b;
+      }
+    }
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(n));
+  for (int i = 0; i < n; ++i) x[i] *= scale;
+}
+
+void PerTokenRtnError(const float* x, size_t rows, int cols, int bits, ErrorSums* sums) {
+  const float qmax = static_cast<float>((1 << bits) - 1);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    float lo = row[0], hi = row[0];
+    for (int c = 1; c < cols; ++c) {
+      lo = std::min(lo, row[c]);
+      hi = std::max(hi, row[c]);
+    }
+    const float step = std::max((hi - lo) / qmax, 1e-10f);
+    for (int c = 0; c < cols; ++c) {
+      // std::nearbyint rounds half to even in the default rounding mode, like rintf.
+      const float code = std::min(std::max(std::nearbyint((row[c] - lo) / step), 0.0f), qmax);
+      const double recon = static_cast<double>(code * step + lo);
+      const double err = recon - row[c];
+      sums->err_sq += err * err;
+      sums->signal_sq += static_cast<double>(row[c]) * row[c];
+    }
+  }
+}
+
+void AccumulateError(const float* input, const float* reconstruction, size_t n, ErrorSums* sums) {
+  for (size_t i = 0; i < n; ++i) {
+    const double err = static_cast<double>(reconstruction[i]) - input[i];
+    sums->err_sq += err * err;
+    sums->signal_sq += static_cast<double>(input[i]) * input[i];
+  }
+}
+
+double AttentionFloat64(const double* q, const double* keys, const double* values, int n_keys,
+                        int dim, double scale, double* out) {
+  std::vector<double> scores(n_keys);
+  double max_score = -std::numeric_limits<double>::infinity();
+  for (int t = 0; t < n_keys; ++t) {
+    double s = 0.0;
+    const double* k = keys + static_cast<size_t>(t) * dim;
+    for (int d = 0; d < dim; ++d) s += q[d] * k[d];
+    scores[t] = s * scale;
+    max_score = std::max(max_score, scores[t]);
+  }
+  double denom = 0.0;
+  for (int d = 0; d < dim; ++d) out[d] = 0.0;
+  for (int t = 0; t < n_keys; ++t) {
+    const double p = std::exp(scores[t] - max_score);
+    denom += p;
+    const double* v = values + static_cast<size_t>(t) * dim;
+    for (int d = 0; d < dim; ++d) out[d] += p * v[d];
+  }
+  for (int d = 0; d < dim; ++d) out[d] /= denom;
+  return max_score + std::log(denom);
+}
+
+}  // namespace kvarn_selftest
