@@ -1,0 +1,707 @@
+#include "core/managed_cache.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "core/checksum.h"
+#include "core/ops.h"
+
+namespace kvarn {
+namespace {
+
+std::string SeqName(int64_t id) { return "sequence " + std::to_string(id); }
+
+Status NotFound(int64_t id) { return {KVARN_ERR_NOT_FOUND, SeqName(id) + " does not exist"}; }
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+// ---- creation -----------------------------------------------------------------------------
+
+Status ManagedCache::Create(Context* ctx, const kvarn_cache_options_t& o,
+                            std::unique_ptr<ManagedCache>* out) {
+  if (ctx->backend != KVARN_BACKEND_CPU) {
+    return Unsupported(
+        "the managed cache runs on CPU contexts in this release; GPU pools arrive with the "
+        "CUDA backend");
+  }
+  std::unique_ptr<ManagedCache> c(new ManagedCache());
+  KVARN_RETURN_IF_ERROR(ParseConfig(&o.config, &c->cfg_));
+  if (o.num_layers < 1 || o.num_layers > 4096) return InvalidArgument("num_layers outside 1..4096");
+  if (o.num_kv_heads < 1 || o.num_kv_heads > 1024) {
+    return InvalidArgument("num_kv_heads outside 1..1024");
+  }
+  if (o.max_sequences < 1) return InvalidArgument("max_sequences must be >= 1");
+  if (o.max_tokens < 1) return InvalidArgument("max_tokens must be >= 1");
+  c->ctx_ = ctx;
+  c->public_cfg_ = o.config;
+  c->L_ = o.num_layers;
+  c->Hk_ = o.num_kv_heads;
+  c->max_tokens_ = o.max_tokens;
+  c->max_sequences_ = o.max_sequences;
+  const int G = c->cfg_.G;
+  // Records hold at most max_tokens tokens; pages hold each sequence's sink and tail (+1 for a
+  // tail that spills into the next tile during an append or speculation).
+  const int64_t blocks = CeilDiv(o.max_tokens, G);
+  const int64_t pages = static_cast<int64_t>(o.max_sequences) * (c->cfg_.sink_tiles + 2);
+  if (blocks > INT32_MAX / 2 || pages > INT32_MAX / 2) {
+    return {KVARN_ERR_CAPACITY, "max_tokens or max_sequences too large"};
+  }
+  c->num_blocks_ = static_cast<int32_t>(blocks);
+  c->num_pages_ = static_cast<int32_t>(pages);
+  c->record_stride_ = (c->cfg_.record_bytes() + 15) / 16 * 16;
+  c->layers_.resize(c->L_);
+  for (Layer& L : c->layers_) {
+    KVARN_RETURN_IF_ERROR(ctx->ops->alloc(
+        ctx, static_cast<size_t>(c->num_blocks_) * c->Hk_ * c->record_stride_, &L.records));
+    KVARN_RETURN_IF_ERROR(
+        ctx->ops->alloc(ctx, static_cast<size_t>(c->num_pages_) * c->PageElems() * 2, &L.k_pages));
+    KVARN_RETURN_IF_ERROR(
+        ctx->ops->alloc(ctx, static_cast<size_t>(c->num_pages_) * c->PageElems() * 2, &L.v_pages));
+    L.block_refs.assign(c->num_blocks_, 0);
+    // Free lists are stacks; fill them so that low ids are handed out first.
+    for (int32_t b = c->num_blocks_ - 1; b >= 0; --b) L.free_blocks.push_back(b);
+    for (int32_t p = c->num_pages_ - 1; p >= 0; --p) L.free_pages.push_back(p);
+  }
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+ManagedCache::~ManagedCache() {
+  for (Layer& L : layers_) {
+    if (L.records) ctx_->ops->free(ctx_, L.records);
+    if (L.k_pages) ctx_->ops->free(ctx_, L.k_pages);
+    if (L.v_pages) ctx_->ops->free(ctx_, L.v_pages);
+  }
+}
+
+// ---- helpers ------------------------------------------------------------------------------
+
+ManagedCache::Sequence* ManagedCache::Find(int64_t id) {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+const ManagedCache::Sequence* ManagedCache::Find(int64_t id) const {
+  auto it = seqs_.find(id);
+  return it == seqs_.end() ? nullptr : &it->second;
+}
+
+bool ManagedCache::IsRecordTile(const SeqLayer& s, int64_t tile) const {
+  return tile >= cfg_.sink_tiles && tile < cfg_.sink_tiles + s.record_tiles;
+}
+
+Status ManagedCache::AllocPage(Txn& t, int32_t* page) {
+  Layer& L = layers_[t.layer];
+  if (L.free_pages.empty()) {
+    return {KVARN_ERR_CAPACITY, "no free fp16 page in layer " + std::to_string(t.layer) + " (" +
+                                    std::to_string(num_pages_) +
+                                    " pages; raise max_sequences or commit speculative tokens)"};
+  }
+  *page = L.free_pages.back();
+  L.free_pages.pop_back();
+  t.new_pages.push_back(*page);
+  return Status::Ok();
+}
+
+Status ManagedCache::AllocBlock(Txn& t, int32_t* block) {
+  Layer& L = layers_[t.layer];
+  if (L.free_blocks.empty()) {
+    return {KVARN_ERR_CAPACITY, "record pool of layer " + std::to_string(t.layer) +
+                                    " is full (max_tokens " + std::to_string(max_tokens_) + ")"};
+  }
+  *block = L.free_blocks.back();
+  L.free_blocks.pop_back();
+  L.block_refs[*block] = 1;
+  t.new_blocks.push_back(*block);
+  return Status::Ok();
+}
+
+void ManagedCache::ReleasePage(Txn& t, int32_t page) {
+  auto it = std::find(t.new_pages.begin(), t.new_pages.end(), page);
+  if (it != t.new_pages.end()) {
+    // Taken by this operation: its bytes matter to nobody after a rollback, reuse it now.
+    t.new_pages.erase(it);
+    layers_[t.layer].free_pages.push_back(page);
+  } else {
+    t.released_pages.push_back(page);  // held until the operation succeeds
+  }
+}
+
+void ManagedCache::CommitTxn(Txn& t) {
+  Layer& L = layers_[t.layer];
+  for (int32_t p : t.released_pages) L.free_pages.push_back(p);
+  t = Txn{};
+}
+
+void ManagedCache::RollbackTxn(Txn& t, SeqLayer& s) {
+  Layer& L = layers_[t.layer];
+  for (int32_t p : t.new_pages) L.free_pages.push_back(p);
+  for (int32_t b : t.new_blocks) {
+    L.block_refs[b] = 0;
+    L.free_blocks.push_back(b);
+  }
+  s = t.saved;
+  t = Txn{};
+}
+
+void ManagedCache::DropTiles(int layer, SeqLayer& s, int64_t first_tile) {
+  Layer& L = layers_[layer];
+  for (int64_t i = first_tile; i < static_cast<int64_t>(s.table.size()); ++i) {
+    const int32_t id = s.table[i];
+    if (IsRecordTile(s, i)) {
+      if (--L.block_refs[id] == 0) L.free_blocks.push_back(id);
+    } else {
+      L.free_pages.push_back(id);
+    }
+  }
+  s.table.resize(std::min<size_t>(s.table.size(), first_tile));
+  s.record_tiles = static_cast<int32_t>(std::max<int64_t>(
+      0, std::min<int64_t>(s.record_tiles, first_tile - cfg_.sink_tiles)));
+}
+
+PagedKV ManagedCache::View(int layer, int batch, const int32_t* table, int32_t max_blocks,
+                           const int32_t* lens, const int32_t* record_tiles) const {
+  const Layer& L = layers_[layer];
+  PagedKV kv;
+  kv.num_kv_heads = Hk_;
+  kv.batch = batch;
+  kv.records = static_cast<uint8_t*>(L.records);
+  kv.record_stride = record_stride_;
+  kv.num_record_blocks = num_blocks_;
+  kv.k_pages = static_cast<uint16_t*>(L.k_pages);
+  kv.v_pages = static_cast<uint16_t*>(L.v_pages);
+  kv.num_pages = num_pages_;
+  kv.block_table = table;
+  kv.max_blocks_per_seq = max_blocks;
+  kv.seq_lens = lens;
+  kv.record_tiles = record_tiles;
+  return kv;
+}
+
+Status ManagedCache::FlushCommitted(Txn& t, SeqLayer& s) {
+  const int G = cfg_.G;
+  std::vector<int32_t> src, dst;
+  for (int64_t tile = cfg_.sink_tiles + s.record_tiles; tile < s.committed / G; ++tile) {
+    int32_t block;
+    KVARN_RETURN_IF_ERROR(AllocBlock(t, &block));
+    src.push_back(s.table[tile]);
+    dst.push_back(block);
+  }
+  if (src.empty()) return Status::Ok();
+  const PagedKV kv = View(t.layer, 0, nullptr, 0, nullptr, nullptr);
+  KVARN_RETURN_IF_ERROR(OpPagedFlush(ctx_, cfg_, kv, src.size(), src.data(), dst.data()));
+  for (size_t i = 0; i < src.size(); ++i) {
+    const int64_t tile = cfg_.sink_tiles + s.record_tiles;
+    ReleasePage(t, src[i]);
+    s.table[tile] = dst[i];
+    ++s.record_tiles;
+  }
+  return Status::Ok();
+}
+
+Status ManagedCache::AppendTokens(Txn& t, SeqLayer& s, size_t n, kvarn_dtype_t dtype,
+                                  const void* k, const void* v, bool commit) {
+  const int G = cfg_.G;
+  const size_t row_bytes = static_cast<size_t>(Hk_) * cfg_.D * DtypeSize(dtype);
+  size_t done = 0;
+  // Tile by tile: a completed, committed tile is quantized before the next one starts, so a long
+  // prefill needs only one or two pages at a time.
+  while (done < n) {
+    const int64_t tile = s.len / G;
+    if (s.len % G == 0) {
+      int32_t page;
+      KVARN_RETURN_IF_ERROR(AllocPage(t, &page));
+      if (static_cast<int64_t>(s.table.size()) <= tile) s.table.resize(tile + 1, -1);
+      s.table[tile] = page;
+    }
+    const size_t chunk = std::min<size_t>(n - done, G - s.len % G);
+    if (s.len + static_cast<int64_t>(chunk) > INT32_MAX) {
+      return {KVARN_ERR_CAPACITY, "sequence longer than 2^31 tokens"};
+    }
+    const int32_t len32 = static_cast<int32_t>(s.len);
+    const int32_t rt = s.record_tiles;
+    const int32_t indptr[2] = {0, static_cast<int32_t>(chunk)};
+    const PagedKV kv = View(t.layer, 1, s.table.data(), static_cast<int32_t>(s.table.size()),
+                            &len32, &rt);
+    KVARN_RETURN_IF_ERROR(OpPagedAppend(ctx_, cfg_, kv, indptr, dtype,
+                                        static_cast<const uint8_t*>(k) + done * row_bytes,
+                                        static_cast<const uint8_t*>(v) + done * row_bytes));
+    s.len += chunk;
+    done += chunk;
+    if (commit) {
+      s.committed = s.len;
+      if (s.len % G == 0) KVARN_RETURN_IF_ERROR(FlushCommitted(t, s));
+    }
+  }
+  return Status::Ok();
+}
+
+Status ManagedCache::CheckCut(const SeqLayer& s, int64_t n, const char* what) const {
+  const int G = cfg_.G;
+  if (n % G != 0 && IsRecordTile(s, n / G)) {
+    return InvalidState(std::string(what) + " to " + std::to_string(n) +
+                        " tokens would split tile " + std::to_string(n / G) +
+                        ", which is already quantized; cut at a multiple of " +
+                        std::to_string(G) + " tokens or inside the fp16 tail");
+  }
+  return Status::Ok();
+}
+
+// ---- sequences ----------------------------------------------------------------------------
+
+Status ManagedCache::AddSequence(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (Find(id)) return {KVARN_ERR_ALREADY_EXISTS, SeqName(id) + " already exists"};
+  if (static_cast<int>(seqs_.size()) >= max_sequences_) {
+    return {KVARN_ERR_CAPACITY, "max_sequences (" + std::to_string(max_sequences_) + ") reached"};
+  }
+  Sequence s;
+  s.layers.resize(L_);
+  seqs_.emplace(id, std::move(s));
+  return Status::Ok();
+}
+
+Status ManagedCache::RemoveSequence(int64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Sequence* s = Find(id);
+  if (!s) return NotFound(id);
+  for (int l = 0; l < L_; ++l) DropTiles(l, s->layers[l], 0);
+  seqs_.erase(id);
+  return Status::Ok();
+}
+
+Status ManagedCache::Truncate(int64_t id, int64_t n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Sequence* s = Find(id);
+  if (!s) return NotFound(id);
+  if (n < 0) return InvalidArgument("n_tokens must be >= 0");
+  for (int l = 0; l < L_; ++l) {
+    if (n < s->layers[l].len) KVARN_RETURN_IF_ERROR(CheckCut(s->layers[l], n, "truncating"));
+  }
+  // Checked for every layer first: nothing below can fail.
+  for (int l = 0; l < L_; ++l) {
+    SeqLayer& sl = s->layers[l];
+    if (n >= sl.len) continue;
+    DropTiles(l, sl, CeilDiv(n, cfg_.G));
+    sl.len = n;
+    sl.committed = std::min(sl.committed, n);
+  }
+  return Status::Ok();
+}
+
+Status ManagedCache::Fork(int64_t src_id, int64_t dst_id, int64_t n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Sequence* src = Find(src_id);
+  if (!src) return NotFound(src_id);
+  if (Find(dst_id)) return {KVARN_ERR_ALREADY_EXISTS, SeqName(dst_id) + " already exists"};
+  if (static_cast<int>(seqs_.size()) >= max_sequences_) {
+    return {KVARN_ERR_CAPACITY, "max_sequences (" + std::to_string(max_sequences_) + ") reached"};
+  }
+  if (n < -1) return InvalidArgument("n_tokens must be >= 0 or -1 (all committed tokens)");
+  const int G = cfg_.G;
+  std::vector<int64_t> keep(L_);
+  for (int l = 0; l < L_; ++l) {
+    const SeqLayer& sl = src->layers[l];
+    keep[l] = n < 0 ? sl.committed : n;
+    if (keep[l] > sl.committed) {
+      return InvalidArgument("cannot fork " + std::to_string(n) + " tokens: layer " +
+                             std::to_string(l) + " has " + std::to_string(sl.committed) +
+                             " committed tokens");
+    }
+    KVARN_RETURN_IF_ERROR(CheckCut(sl, keep[l], "forking"));
+    int64_t pages_needed = 0;
+    for (int64_t tile = 0; tile < CeilDiv(keep[l], G); ++tile) pages_needed += !IsRecordTile(sl, tile);
+    if (pages_needed > static_cast<int64_t>(layers_[l].free_pages.size())) {
+      return {KVARN_ERR_CAPACITY, "not enough free pages in layer " + std::to_string(l)};
+    }
+  }
+  // Capacity checked for every layer first: nothing below can fail.
+  Sequence dst;
+  dst.layers.resize(L_);
+  for (int l = 0; l < L_; ++l) {
+    const SeqLayer& sl = src->layers[l];
+    SeqLayer& dl = dst.layers[l];
+    Layer& L = layers_[l];
+    dl.len = dl.committed = keep[l];
+    dl.record_tiles = static_cast<int32_t>(
+        std::max<int64_t>(0, std::min<int64_t>(sl.record_tiles, keep[l] / G - cfg_.sink_tiles)));
+    const int64_t tiles = CeilDiv(keep[l], G);
+    dl.table.resize(tiles);
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      if (IsRecordTile(dl, tile)) {
+        dl.table[tile] = sl.table[tile];  // shared, never copied
+        ++L.block_refs[sl.table[tile]];
+      } else {
+        const int32_t page = L.free_pages.back();
+        L.free_pages.pop_back();
+        const size_t bytes = PageElems() * 2;
+        for (void* pool : {L.k_pages, L.v_pages}) {
+          uint8_t* base = static_cast<uint8_t*>(pool);
+          KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, base + page * bytes,
+                                                base + sl.table[tile] * bytes, bytes,
+                                                CopyKind::kDeviceToDevice));
+        }
+        dl.table[tile] = page;
+      }
+    }
+  }
+  seqs_.emplace(dst_id, std::move(dst));
+  return Status::Ok();
+}
+
+Status ManagedCache::Append(int64_t id, int layer, size_t n, kvarn_dtype_t dtype, const void* k,
+                            const void* v, uint32_t flags) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Sequence* s = Find(id);
+  if (!s) return NotFound(id);
+  if (layer < 0 || layer >= L_) {
+    return InvalidArgument("layer " + std::to_string(layer) + " outside 0.." +
+                           std::to_string(L_ - 1));
+  }
+  if (!IsValidDtype(dtype)) return InvalidArgument("unknown dtype");
+  if (flags & ~KVARN_APPEND_SPECULATIVE) return InvalidArgument("unknown append flags");
+  if (n == 0) return Status::Ok();
+  if (k == nullptr || v == nullptr) return InvalidArgument("k or v is NULL");
+  SeqLayer& sl = s->layers[layer];
+  const bool speculative = flags & KVARN_APPEND_SPECULATIVE;
+  if (!speculative && sl.committed < sl.len) {
+    return InvalidState(SeqName(id) + " holds " + std::to_string(sl.len - sl.committed) +
+                        " speculative tokens in layer " + std::to_string(layer) +
+                        "; commit or truncate them before a committed append");
+  }
+  Txn t;
+  t.layer = layer;
+  t.saved = sl;
+  Status st = AppendTokens(t, sl, n, dtype, k, v, !speculative);
+  if (!st.ok()) {
+    RollbackTxn(t, sl);
+    return st;
+  }
+  CommitTxn(t);
+  return Status::Ok();
+}
+
+Status ManagedCache::Commit(int64_t id, int64_t n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Sequence* s = Find(id);
+  if (!s) return NotFound(id);
+  for (int l = 0; l < L_; ++l) {
+    const SeqLayer& sl = s->layers[l];
+    if (n > sl.len) {
+      return InvalidArgument("cannot commit " + std::to_string(n) + " tokens: layer " +
+                             std::to_string(l) + " holds " + std::to_string(sl.len));
+    }
+    if (n < sl.committed) {
+      return InvalidArgument("cannot commit " + std::to_string(n) + " tokens: layer " +
+                             std::to_string(l) + " already has " + std::to_string(sl.committed) +
+                             " committed (use truncate to roll back)");
+    }
+  }
+  std::vector<Txn> txns(L_);
+  for (int l = 0; l < L_; ++l) {
+    SeqLayer& sl = s->layers[l];
+    txns[l].layer = l;
+    txns[l].saved = sl;
+    sl.committed = n;
+    Status st = FlushCommitted(txns[l], sl);
+    if (!st.ok()) {
+      for (int j = l; j >= 0; --j) RollbackTxn(txns[j], s->layers[j]);
+      return st;
+    }
+  }
+  for (Txn& t : txns) CommitTxn(t);
+  return Status::Ok();
+}
+
+Status ManagedCache::Length(int64_t id, int layer, int64_t* tokens, int64_t* committed) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Sequence* s = Find(id);
+  if (!s) return NotFound(id);
+  if (layer < 0 || layer >= L_) return InvalidArgument("layer out of range");
+  if (tokens) *tokens = s->layers[layer].len;
+  if (committed) *committed = s->layers[layer].committed;
+  return Status::Ok();
+}
+
+// ---- attention ----------------------------------------------------------------------------
+
+Status ManagedCache::Attention(int layer, size_t n_seqs, const int64_t* ids,
+                               const kvarn_attention_params_t* params, const void* q, void* out,
+                               float* lse) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (layer < 0 || layer >= L_) return InvalidArgument("layer out of range");
+  if (n_seqs == 0) return Status::Ok();
+  if (ids == nullptr) return InvalidArgument("seq_ids is NULL");
+  if (n_seqs > static_cast<size_t>(INT32_MAX)) return InvalidArgument("too many sequences");
+  AttentionArgs args;
+  KVARN_RETURN_IF_ERROR(ParseAttentionParams(params, cfg_, Hk_, &args));
+  std::vector<const SeqLayer*> rows(n_seqs);
+  int32_t max_blocks = 1;
+  for (size_t i = 0; i < n_seqs; ++i) {
+    const Sequence* s = Find(ids[i]);
+    if (!s) return NotFound(ids[i]);
+    rows[i] = &s->layers[layer];
+    if (rows[i]->len == 0) {
+      return InvalidArgument(SeqName(ids[i]) + " holds no tokens in layer " +
+                             std::to_string(layer));
+    }
+    max_blocks = std::max<int32_t>(max_blocks, static_cast<int32_t>(rows[i]->table.size()));
+  }
+  std::vector<int32_t> table(n_seqs * max_blocks, 0), lens(n_seqs), rts(n_seqs);
+  for (size_t i = 0; i < n_seqs; ++i) {
+    std::copy(rows[i]->table.begin(), rows[i]->table.end(), table.begin() + i * max_blocks);
+    lens[i] = static_cast<int32_t>(rows[i]->len);
+    rts[i] = rows[i]->record_tiles;
+  }
+  const PagedKV kv = View(layer, static_cast<int>(n_seqs), table.data(), max_blocks, lens.data(),
+                          rts.data());
+  const size_t total_q = args.q_indptr ? static_cast<size_t>(args.q_indptr[n_seqs]) : n_seqs;
+  size_t ws_bytes = 0;
+  KVARN_RETURN_IF_ERROR(OpAttentionWorkspace(ctx_, cfg_, kv, args, total_q, &ws_bytes));
+  void* ws = nullptr;
+  if (ws_bytes > 0) KVARN_RETURN_IF_ERROR(ctx_->ops->alloc(ctx_, ws_bytes, &ws));
+  Status st = OpPagedAttention(ctx_, cfg_, kv, args, q, out, lse, ws, ws_bytes);
+  if (ws) ctx_->ops->free(ctx_, ws);
+  return st;
+}
+
+// ---- statistics ---------------------------------------------------------------------------
+
+Status ManagedCache::Stats(kvarn_cache_stats_t* st) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (st == nullptr) return InvalidArgument("stats is NULL");
+  if (st->size != sizeof(kvarn_cache_stats_t)) {
+    return InvalidArgument("stats->size must be sizeof(kvarn_cache_stats_t)");
+  }
+  kvarn_cache_stats_t r;
+  std::memset(&r, 0, sizeof r);
+  r.size = sizeof r;
+  r.sequences = static_cast<int64_t>(seqs_.size());
+  for (const auto& kvp : seqs_) {
+    for (const SeqLayer& sl : kvp.second.layers) {
+      r.tokens += sl.len;
+      r.committed_tokens += sl.committed;
+    }
+  }
+  int64_t blocks = 0, pages = 0;
+  for (const Layer& L : layers_) {
+    blocks += num_blocks_ - static_cast<int64_t>(L.free_blocks.size());
+    pages += num_pages_ - static_cast<int64_t>(L.free_pages.size());
+  }
+  const int64_t page_bytes = static_cast<int64_t>(PageElems()) * 2 * 2;  // K and V
+  const int64_t block_bytes = static_cast<int64_t>(Hk_) * record_stride_;
+  r.records = blocks * Hk_;
+  r.pages = pages;
+  r.bytes_used = blocks * block_bytes + pages * page_bytes;
+  r.bytes_capacity = static_cast<int64_t>(L_) * (num_blocks_ * block_bytes + num_pages_ * page_bytes);
+  r.fp16_bytes = r.tokens * Hk_ * cfg_.D * 2 * 2;
+  r.compression_ratio = r.bytes_used > 0 ? static_cast<double>(r.fp16_bytes) / r.bytes_used : 0.0;
+  *st = r;
+  return Status::Ok();
+}
+
+// ---- export / import ----------------------------------------------------------------------
+//
+// Blob (little-endian): header, then per layer its records (record_tiles * Hk * record_bytes,
+// unpadded) and its fp16 tiles in tile order (K then V, Hk*G*D halves each), then a CRC-32C of
+// everything before it.
+
+namespace {
+
+constexpr char kMagic[8] = {'K', 'V', 'A', 'R', 'N', 'S', 'E', 'Q'};
+constexpr uint32_t kBlobVersion = 1;
+
+struct BlobHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t header_bytes;
+  uint64_t total_bytes;
+  int32_t cfg[8];  // D, G, bK, bV, iterations, sink_tiles, key_flags, value_flags
+  int32_t num_layers;
+  int32_t num_kv_heads;
+};
+
+struct BlobLayer {
+  int64_t len;
+  int64_t committed;
+  int32_t record_tiles;
+  int32_t page_tiles;
+};
+
+void ConfigWords(const kvarn_config_t& c, int32_t* w) {
+  w[0] = c.head_dim;
+  w[1] = c.tile_tokens;
+  w[2] = c.key_bits;
+  w[3] = c.value_bits;
+  w[4] = c.iterations;
+  w[5] = c.sink_tiles;
+  w[6] = static_cast<int32_t>(c.key_flags);
+  w[7] = static_cast<int32_t>(c.value_flags);
+}
+
+}  // namespace
+
+Status ManagedCache::Export(int64_t id, void* buffer, size_t buffer_bytes,
+                            size_t* out_bytes) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const Sequence* s = Find(id);
+  if (!s) return NotFound(id);
+  if (out_bytes == nullptr) return InvalidArgument("out_bytes is NULL");
+  const int G = cfg_.G;
+  const size_t rb = cfg_.record_bytes();
+  const size_t page_bytes = PageElems() * 2;
+  size_t total = sizeof(BlobHeader) + L_ * sizeof(BlobLayer);
+  for (const SeqLayer& sl : s->layers) {
+    const int64_t tiles = CeilDiv(sl.len, G);
+    total += sl.record_tiles * Hk_ * rb + (tiles - sl.record_tiles) * 2 * page_bytes;
+  }
+  total += sizeof(uint32_t);
+  *out_bytes = total;
+  if (buffer == nullptr) return Status::Ok();
+  if (buffer_bytes < total) {
+    return {KVARN_ERR_BUFFER_TOO_SMALL,
+            "export needs " + std::to_string(total) + " bytes, buffer has " +
+                std::to_string(buffer_bytes)};
+  }
+  std::vector<uint8_t> blob(total);  // staged: the caller's buffer is written only when complete
+  BlobHeader h{};
+  std::memcpy(h.magic, kMagic, 8);
+  h.version = kBlobVersion;
+  h.header_bytes = sizeof(BlobHeader) + L_ * sizeof(BlobLayer);
+  h.total_bytes = total;
+  ConfigWords(public_cfg_, h.cfg);
+  h.num_layers = L_;
+  h.num_kv_heads = Hk_;
+  std::memcpy(blob.data(), &h, sizeof h);
+  size_t off = sizeof h;
+  for (const SeqLayer& sl : s->layers) {
+    const int64_t tiles = CeilDiv(sl.len, G);
+    BlobLayer bl{sl.len, sl.committed, sl.record_tiles, static_cast<int32_t>(tiles - sl.record_tiles)};
+    std::memcpy(blob.data() + off, &bl, sizeof bl);
+    off += sizeof bl;
+  }
+  for (int l = 0; l < L_; ++l) {
+    const SeqLayer& sl = s->layers[l];
+    const Layer& L = layers_[l];
+    const int64_t tiles = CeilDiv(sl.len, G);
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      if (!IsRecordTile(sl, tile)) continue;
+      for (int h2 = 0; h2 < Hk_; ++h2) {
+        const uint8_t* src = static_cast<const uint8_t*>(L.records) +
+                             (static_cast<size_t>(sl.table[tile]) * Hk_ + h2) * record_stride_;
+        KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, blob.data() + off, src, rb,
+                                              CopyKind::kDeviceToHost));
+        off += rb;
+      }
+    }
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      if (IsRecordTile(sl, tile)) continue;
+      for (const void* pool : {L.k_pages, L.v_pages}) {
+        const uint8_t* src = static_cast<const uint8_t*>(pool) + sl.table[tile] * page_bytes;
+        KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, blob.data() + off, src, page_bytes,
+                                              CopyKind::kDeviceToHost));
+        off += page_bytes;
+      }
+    }
+  }
+  const uint32_t crc = Crc32c(blob.data(), off);
+  std::memcpy(blob.data() + off, &crc, sizeof crc);
+  std::memcpy(buffer, blob.data(), total);
+  return Status::Ok();
+}
+
+Status ManagedCache::Import(int64_t id, const void* blob_ptr, size_t n) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (blob_ptr == nullptr) return InvalidArgument("blob is NULL");
+  if (Find(id)) return {KVARN_ERR_ALREADY_EXISTS, SeqName(id) + " already exists"};
+  if (static_cast<int>(seqs_.size()) >= max_sequences_) {
+    return {KVARN_ERR_CAPACITY, "max_sequences (" + std::to_string(max_sequences_) + ") reached"};
+  }
+  const uint8_t* blob = static_cast<const uint8_t*>(blob_ptr);
+  auto corrupt = [](const std::string& why) { return Status(KVARN_ERR_CORRUPT_DATA, why); };
+  BlobHeader h;
+  if (n < sizeof h + sizeof(uint32_t)) return corrupt("blob too short for a header");
+  std::memcpy(&h, blob, sizeof h);
+  if (std::memcmp(h.magic, kMagic, 8) != 0) return corrupt("not a libkvarn sequence blob");
+  if (h.version != kBlobVersion) {
+    return corrupt("blob format version " + std::to_string(h.version) + ", expected " +
+                   std::to_string(kBlobVersion));
+  }
+  if (h.total_bytes != n) {
+    return corrupt("blob is " + std::to_string(n) + " bytes, its header says " +
+                   std::to_string(h.total_bytes) + " (truncated?)");
+  }
+  uint32_t crc;
+  std::memcpy(&crc, blob + n - sizeof crc, sizeof crc);
+  if (Crc32c(blob, n - sizeof crc) != crc) return corrupt("checksum mismatch");
+  int32_t want[8];
+  ConfigWords(public_cfg_, want);
+  if (std::memcmp(want, h.cfg, sizeof want) != 0 || h.num_layers != L_ || h.num_kv_heads != Hk_) {
+    return corrupt("blob was made by a cache with another config, layer or head count");
+  }
+  if (h.header_bytes != sizeof h + L_ * sizeof(BlobLayer)) return corrupt("bad header size");
+  const int G = cfg_.G;
+  const size_t rb = cfg_.record_bytes();
+  const size_t page_bytes = PageElems() * 2;
+  std::vector<BlobLayer> bl(L_);
+  size_t expect = h.header_bytes + sizeof crc;
+  for (int l = 0; l < L_; ++l) {
+    std::memcpy(&bl[l], blob + sizeof h + l * sizeof(BlobLayer), sizeof(BlobLayer));
+    const BlobLayer& b = bl[l];
+    const int64_t tiles = b.len >= 0 ? CeilDiv(b.len, G) : -1;
+    const int64_t rt_expected = std::max<int64_t>(0, b.committed / G - cfg_.sink_tiles);
+    if (b.len < 0 || b.len > INT32_MAX || b.committed < 0 || b.committed > b.len ||
+        b.record_tiles != rt_expected || b.page_tiles != tiles - b.record_tiles) {
+      return corrupt("inconsistent lengths in layer " + std::to_string(l));
+    }
+    expect += b.record_tiles * Hk_ * rb + b.page_tiles * 2 * page_bytes;
+    if (static_cast<size_t>(b.record_tiles) > layers_[l].free_blocks.size() ||
+        static_cast<size_t>(b.page_tiles) > layers_[l].free_pages.size()) {
+      return {KVARN_ERR_CAPACITY, "not enough free records or pages in layer " + std::to_string(l)};
+    }
+  }
+  if (expect != n) return corrupt("blob size does not match its layer table");
+  // Every check passed and capacity is there: nothing below can fail.
+  Sequence s;
+  s.layers.resize(L_);
+  size_t off = h.header_bytes;
+  for (int l = 0; l < L_; ++l) {
+    Layer& L = layers_[l];
+    SeqLayer& sl = s.layers[l];
+    sl.len = bl[l].len;
+    sl.committed = bl[l].committed;
+    sl.record_tiles = bl[l].record_tiles;
+    const int64_t tiles = CeilDiv(sl.len, G);
+    sl.table.resize(tiles);
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      if (!IsRecordTile(sl, tile)) continue;
+      const int32_t b = L.free_blocks.back();
+      L.free_blocks.pop_back();
+      L.block_refs[b] = 1;
+      sl.table[tile] = b;
+      for (int h2 = 0; h2 < Hk_; ++h2) {
+        uint8_t* dst = static_cast<uint8_t*>(L.records) + (static_cast<size_t>(b) * Hk_ + h2) * record_stride_;
+        KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, dst, blob + off, rb, CopyKind::kHostToDevice));
+        off += rb;
+      }
+    }
+    for (int64_t tile = 0; tile < tiles; ++tile) {
+      if (IsRecordTile(sl, tile)) continue;
+      const int32_t p = L.free_pages.back();
+      L.free_pages.pop_back();
+      sl.table[tile] = p;
+      for (void* pool : {L.k_pages, L.v_pages}) {
+        KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, static_cast<uint8_t*>(pool) + p * page_bytes,
+                                              blob + off, page_bytes, CopyKind::kHostToDevice));
+        off += page_bytes;
+      }
+    }
+  }
+  seqs_.emplace(id, std::move(s));
+  return Status::Ok();
+}
+
+}  // namespace kvarn
