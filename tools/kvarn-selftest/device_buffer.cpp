@@ -75,6 +75,7 @@ const char* MemoryKindName(MemoryKind kind) {
 }
 
 bool SelectDevice(MemoryKind kind, int ordinal, std::string* error) {
+  (void)ordinal;  // unused when the tool has no GPU runtime
   switch (kind) {
     case MemoryKind::kHost:
       return true;

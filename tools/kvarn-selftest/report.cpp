@@ -107,14 +107,6 @@ void PrintPreamble(const Report& report, std::FILE* out) {
                    b.reason.empty() ? "(no reason given)" : b.reason.c_str());
     }
   }
-  for (const BackendReport& b : report.backends) {
-    if (b.ran) {
-      std::fprintf(out, "running on %s: ISA %s, %d thread%s\n", b.name.c_str(), b.isa.c_str(),
-                   b.threads, b.threads == 1 ? "" : "s");
-    } else if (b.selected && !b.skipped.empty()) {
-      std::fprintf(out, "not running on %s: %s\n", b.name.c_str(), b.skipped.c_str());
-    }
-  }
   std::fprintf(out, "mode: %s, seed 0x%016" PRIx64 "\n\n", report.mode.c_str(), report.seed);
 }
 

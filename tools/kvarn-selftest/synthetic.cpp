@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 namespace kvarn_selftest {
 namespace {
@@ -113,6 +114,25 @@ double TypicalKeyNorm(const HeadProfile& p) {
   return std::sqrt(sq);
 }
 
+// Unit vector of the head's key mean after RoPE at position `token`.
+void RotatedMean(const HeadProfile& p, int token, std::vector<double>* out) {
+  const int dim = static_cast<int>(p.key_mean.size()), half = dim / 2;
+  out->resize(dim);
+  for (int j = 0; j < half; ++j) {
+    const double angle = token * p.rope_theta[j];
+    const double c = std::cos(angle), s = std::sin(angle);
+    const double a = p.key_mean[j], b = p.key_mean[j + half];
+    (*out)[j] = a * c - b * s;
+    (*out)[j + half] = a * s + b * c;
+  }
+  Normalize(out);
+}
+
+double EnvOr(const char* name, double fallback) {
+  const char* v = std::getenv(name);
+  return v ? std::atof(v) : fallback;
+}
+
 }  // namespace
 
 uint64_t SplitMix64::Next() {
@@ -188,29 +208,35 @@ std::vector<float> GenerateQueries(const KvSequence& kv, const std::vector<int>&
   const int dim = kv.head_dim;
   const int group = num_q_heads / kv.num_kv_heads;
   std::vector<float> q(positions.size() * num_q_heads * dim, 0.0f);
-  std::vector<double> kj(dim), z(dim);
+  std::vector<double> kj(dim), z(dim), mean(dim);
   for (int h = 0; h < kv.num_kv_heads; ++h) {
     // The profile is re-derived from the same stream as GenerateKv so queries know the sink
     // direction and the typical key norm without GenerateKv having to export them.
     SplitMix64 profile_rng(MixSeed(seed, static_cast<uint64_t>(h)));
     const HeadProfile p = MakeHeadProfile(dim, &profile_rng);
-    const double gain = std::sqrt(static_cast<double>(dim)) / TypicalKeyNorm(p);
+    const double gain = EnvOr("QT", 1.0) * std::sqrt(static_cast<double>(dim)) / TypicalKeyNorm(p);
     SplitMix64 rng(MixSeed(seed ^ 0x5151515151515151ull, static_cast<uint64_t>(h)));
     for (size_t i = 0; i < positions.size(); ++i) {
       for (int g = 0; g < group; ++g) {
         const int qh = h * group + g;
         const int j = rng.UniformInt(positions[i] + 1);
         const float* key = kv.KeyAt(j, h);
+        // The key's direction without its RoPE-rotated mean: the content that tells tokens
+        // apart. Without the projection every query would favour the largest keys, and the
+        // rare 10-50x tokens would take all the attention.
+        RotatedMean(p, j, &mean);
+        double along = 0.0;
+        for (int d = 0; d < dim; ++d) along += key[d] * mean[d];
         for (int d = 0; d < dim; ++d) {
-          kj[d] = key[d];
+          kj[d] = key[d] - along * mean[d];
           z[d] = rng.Normal();
         }
         Normalize(&kj);
         Normalize(&z);
         // Heads of one group differ in how much they look at the sink and at content.
-        const double a = 2.0 + 0.5 * g;
-        const double b = 1.0 + 0.25 * g;
-        const double c = 1.5;
+        const double a = EnvOr("QA", 6.0) + EnvOr("QAG", 1.0) * g;
+        const double b = EnvOr("QB", 1.0) + EnvOr("QBG", 0.25) * g;
+        const double c = EnvOr("QC", 1.5);
         float* out = q.data() + (i * num_q_heads + qh) * dim;
         for (int d = 0; d < dim; ++d) {
           out[d] = static_cast<float>(gain * (a * kj[d] + b * p.sink_dir[d] + c * z[d]));

@@ -4,6 +4,7 @@
 #ifndef KVARN_TOOLS_SELFTEST_SYNTHETIC_H_
 #define KVARN_TOOLS_SELFTEST_SYNTHETIC_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

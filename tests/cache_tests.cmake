@@ -1,0 +1,1 @@
+kvarn_add_gtest(test_managed_cache SOURCES test_managed_cache.cpp)
