@@ -1,1 +1,2 @@
 kvarn_add_gtest(test_managed_cache SOURCES test_managed_cache.cpp)
+kvarn_add_gtest(test_concurrency SOURCES test_concurrency.cpp)
