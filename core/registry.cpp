@@ -21,7 +21,7 @@ struct Entry {
 const Entry kEntries[] = {
     {KVARN_BACKEND_CPU, "cpu", &cpu::kCpuBackend, ""},
     {KVARN_BACKEND_CUDA, "cuda", nullptr,
-     "not built: configure with -DKVARN_ENABLE_CUDA=ON (preset 'cuda')"},
+     "not built: the CUDA backend is not part of this release yet"},
     {KVARN_BACKEND_ROCM, "rocm", nullptr, "not built: the ROCm (HIP) backend is not implemented yet"},
 };
 

@@ -287,6 +287,9 @@ void CheckRoundTrip(const BackendTarget& target, const kvarn_config_t& config,
       },
       options.quick ? 0.02 : 0.05, 2);
   if (std::isfinite(seconds) && seconds > 0.0) row->quantize_records_per_s = n_tiles / seconds;
+  row->notes.push_back(Format("round trip: %d tiles of %d tokens, record stride %zu B; quantize "
+                              "%.3f ms per batch",
+                              n_tiles, g, stride, seconds * 1e3));
 }
 
 // ---- c: paged attention against float64 -----------------------------------------------------
@@ -873,6 +876,10 @@ void MeasureDecode(const BackendTarget& target, const kvarn_config_t& config,
                        fp16_tokens * kNumKvHeads * d * 2 * 2;
   row->attention_tokens_per_s = seq_len / seconds;
   row->attention_gb_per_s = bytes / seconds * 1e-9;
+  row->notes.push_back(Format("decode: %d cached tokens (%d record tiles), Hq %d, Hk %d: %.3f ms, "
+                              "%.3g tokens/s, %.2f GB/s",
+                              seq_len, n_records, kNumQHeads, kNumKvHeads, seconds * 1e3,
+                              row->attention_tokens_per_s, row->attention_gb_per_s));
 }
 
 }  // namespace

@@ -224,8 +224,9 @@ void RunBackend(kvarn_context_t* context, bool explicit_request, const CommandLi
   }
   entry->ran = true;
   if (!cl.json) {
-    std::printf("running on %s: ISA %s, %d thread%s\n", entry->name.c_str(), entry->isa.c_str(),
-                entry->threads, entry->threads == 1 ? "" : "s");
+    std::printf("running on %s: ISA %s, %d thread%s\n\n", entry->name.c_str(),
+                entry->isa.c_str(), entry->threads, entry->threads == 1 ? "" : "s");
+    PrintTableHeader(stdout);
   }
 
   SweepOptions options;
@@ -308,10 +309,7 @@ int Main(int argc, char** argv) {
   }
   if (presets.empty()) report.errors.push_back("kvarn_preset_count() reports no presets");
 
-  if (!cl.json) {
-    PrintPreamble(report, stdout);
-    PrintTableHeader(stdout);
-  }
+  if (!cl.json) PrintPreamble(report, stdout);
 
   std::vector<kvarn_backend_t> to_run;
   if (cl.backend_given) {
