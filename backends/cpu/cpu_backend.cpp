@@ -1,4 +1,5 @@
 // The CPU backend's table (core/backend.h).
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -35,6 +36,9 @@ void ContextRelease(Context* ctx) { ctx->pool.reset(); }
 
 Status Alloc(Context*, size_t bytes, void** out) {
   // 64-byte alignment for SIMD loads; aligned_alloc needs a multiple of the alignment.
+  if (bytes > (SIZE_MAX >> 1)) {
+    return {KVARN_ERR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(bytes) + " bytes"};
+  }
   const size_t rounded = (bytes + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded == 0 ? 64 : rounded);
   if (p == nullptr) {

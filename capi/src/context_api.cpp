@@ -149,3 +149,49 @@ kvarn_status_t kvarn_context_get_num_threads(const kvarn_context_t* c, int32_t* 
 }
 
 }  // extern "C"
+
+extern "C" {
+
+kvarn_status_t kvarn_memory_alloc(kvarn_context_t* c, size_t bytes, void** out_ptr) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(c));
+    if (out_ptr == nullptr) return kvarn::InvalidArgument("out_ptr is NULL");
+    void* p = nullptr;
+    KVARN_RETURN_IF_ERROR(c->impl->ops->alloc(c->impl.get(), bytes, &p));
+    *out_ptr = p;
+    return Status::Ok();
+  });
+}
+
+void kvarn_memory_free(kvarn_context_t* c, void* ptr) {
+  if (c == nullptr || !c->impl || ptr == nullptr) return;
+  c->impl->ops->free(c->impl.get(), ptr);
+}
+
+kvarn_status_t kvarn_memory_copy(kvarn_context_t* c, void* dst, const void* src, size_t bytes,
+                                 kvarn_copy_kind_t kind) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(c));
+    kvarn::CopyKind k;
+    switch (kind) {
+      case KVARN_COPY_HOST_TO_DEVICE: k = kvarn::CopyKind::kHostToDevice; break;
+      case KVARN_COPY_DEVICE_TO_HOST: k = kvarn::CopyKind::kDeviceToHost; break;
+      case KVARN_COPY_DEVICE_TO_DEVICE: k = kvarn::CopyKind::kDeviceToDevice; break;
+      default:
+        return kvarn::InvalidArgument("unknown copy kind " + std::to_string(static_cast<int>(kind)));
+    }
+    if (bytes == 0) return Status::Ok();
+    if (dst == nullptr || src == nullptr) return kvarn::InvalidArgument("dst or src is NULL");
+    KVARN_RETURN_IF_ERROR(c->impl->ops->copy(c->impl.get(), dst, src, bytes, k));
+    return c->impl->ops->synchronize(c->impl.get());
+  });
+}
+
+kvarn_status_t kvarn_context_synchronize(kvarn_context_t* c) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(c));
+    return c->impl->ops->synchronize(c->impl.get());
+  });
+}
+
+}  // extern "C"

@@ -151,9 +151,9 @@ void CheckFormat(const kvarn_config_t& config, RowResult* row, Recorder* rec) {
   size_t next = 0;
   for (int f = 0; f < KVARN_FIELD_COUNT; ++f) {
     size_t offset = 0, length = 0;
-    if (!rec->Ok(kvarn_record_field(&config, static_cast<kvarn_record_field_t>(f), &offset,
-                                    &length),
-                 "kvarn_record_field")) {
+    if (!rec->Ok(
+            kvarn_record_field(&config, static_cast<kvarn_record_field_t>(f), &offset, &length),
+            "kvarn_record_field")) {
       return;
     }
     if (offset != next || length != expected_field[f]) {
@@ -164,8 +164,8 @@ void CheckFormat(const kvarn_config_t& config, RowResult* row, Recorder* rec) {
     next += expected_field[f];
   }
   if (next != bytes) {
-    rec->Fail(Format("record fields add up to %zu bytes, kvarn_record_bytes says %zu", next,
-                     bytes));
+    rec->Fail(
+        Format("record fields add up to %zu bytes, kvarn_record_bytes says %zu", next, bytes));
     ok = false;
   }
   row->format_ok = ok;
@@ -227,9 +227,10 @@ void CheckRoundTrip(const BackendTarget& target, const kvarn_config_t& config,
     }
   }
   if (!row->padding_untouched) {
-    rec->Fail(Format("kvarn_quantize wrote into the padding between records (record %zu B, "
-                     "stride %zu B)",
-                     record_bytes, stride));
+    rec->Fail(
+        Format("kvarn_quantize wrote into the padding between records (record %zu B, "
+               "stride %zu B)",
+               record_bytes, stride));
   }
   row->deterministic = host_records == host_again;
   if (!row->deterministic) rec->Fail("kvarn_quantize gave different bytes for the same input");
@@ -279,17 +280,18 @@ void CheckRoundTrip(const BackendTarget& target, const kvarn_config_t& config,
   const double seconds = SecondsPerCall(
       [&]() {
         std::string sync_error;
-        return rec->Ok(kvarn_quantize(target.context, &config, n_tiles, KVARN_DTYPE_F32,
-                                      k_in.data(), v_in.data(), KVARN_CODEC_DEFAULT,
-                                      records_again.data(), stride),
-                       "kvarn_quantize") &&
+        return rec->Ok(
+                   kvarn_quantize(target.context, &config, n_tiles, KVARN_DTYPE_F32, k_in.data(),
+                                  v_in.data(), KVARN_CODEC_DEFAULT, records_again.data(), stride),
+                   "kvarn_quantize") &&
                rec->Memory(Synchronize(target.memory, &sync_error), sync_error);
       },
       options.quick ? 0.02 : 0.05, 2);
   if (std::isfinite(seconds) && seconds > 0.0) row->quantize_records_per_s = n_tiles / seconds;
-  row->notes.push_back(Format("round trip: %d tiles of %d tokens, record stride %zu B; quantize "
-                              "%.3f ms per batch",
-                              n_tiles, g, stride, seconds * 1e3));
+  row->notes.push_back(
+      Format("round trip: %d tiles of %d tokens, record stride %zu B; quantize "
+             "%.3f ms per batch",
+             n_tiles, g, stride, seconds * 1e3));
 }
 
 // ---- c: paged attention against float64 -----------------------------------------------------
@@ -370,14 +372,12 @@ bool AllocatePaged(const BackendTarget& target, const kvarn_config_t& config,
   const size_t page_halves =
       static_cast<size_t>(kNumKvHeads) * config.tile_tokens * config.head_dim;
   if (!mem->records.Allocate(target.memory,
-                             std::max(1, layout.num_blocks) * kNumKvHeads * record_stride,
-                             error) ||
+                             std::max(1, layout.num_blocks) * kNumKvHeads * record_stride, error) ||
       !mem->k_pages.Allocate(target.memory, layout.num_pages * page_halves * 2, error) ||
       !mem->v_pages.Allocate(target.memory, layout.num_pages * page_halves * 2, error) ||
       !mem->k_pages.Fill(kPageSentinel, error) || !mem->v_pages.Fill(kPageSentinel, error) ||
       !mem->records.Fill(0, error) ||
-      !mem->block_table.Allocate(target.memory, layout.page_of.size() * sizeof(int32_t),
-                                 error) ||
+      !mem->block_table.Allocate(target.memory, layout.page_of.size() * sizeof(int32_t), error) ||
       !mem->seq_lens.Allocate(target.memory, layout.batch * sizeof(int32_t), error) ||
       !mem->record_tiles.Allocate(target.memory, layout.batch * sizeof(int32_t), error)) {
     return false;
@@ -496,9 +496,9 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
   }
   const std::vector<int32_t> final_lens(seq_lens.begin(), seq_lens.end());
   const std::vector<int32_t> final_records(record_tiles.begin(), record_tiles.end());
-  if (!rec->Memory(UploadPagedState(layout.BlockTable(true), final_lens, final_records, &mem,
-                                    &error),
-                   error)) {
+  if (!rec->Memory(
+          UploadPagedState(layout.BlockTable(true), final_lens, final_records, &mem, &error),
+          error)) {
     return;
   }
 
@@ -517,17 +517,17 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
                      error)) {
       return;
     }
-    if (!rec->Ok(kvarn_dequantize(target.context, &config, pool_tiles, mem.records.data(),
-                                  record_stride, KVARN_CODEC_CACHE_FRAME, KVARN_DTYPE_F32,
-                                  k_out.data(), v_out.data()),
-                 "kvarn_dequantize")) {
+    if (!rec->Ok(
+            kvarn_dequantize(target.context, &config, pool_tiles, mem.records.data(), record_stride,
+                             KVARN_CODEC_CACHE_FRAME, KVARN_DTYPE_F32, k_out.data(), v_out.data()),
+            "kvarn_dequantize")) {
       return;
     }
-    if (!rec->Memory(DownloadVector(k_out, pool_tiles * tile_values, &pool_k, &error) &&
-                         DownloadVector(v_out, pool_tiles * tile_values, &pool_v, &error) &&
-                         DownloadVector(mem.records, pool_tiles * record_stride, &pool_bytes,
-                                        &error),
-                     error)) {
+    if (!rec->Memory(
+            DownloadVector(k_out, pool_tiles * tile_values, &pool_k, &error) &&
+                DownloadVector(v_out, pool_tiles * tile_values, &pool_v, &error) &&
+                DownloadVector(mem.records, pool_tiles * record_stride, &pool_bytes, &error),
+            error)) {
       return;
     }
   }
@@ -566,8 +566,8 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
         for (int c = 0; c < d; ++c) {
           double kx, vx;
           if (block >= 0) {
-            const size_t at = (static_cast<size_t>(block) * kNumKvHeads + h) * tile_values +
-                              (t % g) * d + c;
+            const size_t at =
+                (static_cast<size_t>(block) * kNumKvHeads + h) * tile_values + (t % g) * d + c;
             kx = pool_k[at];
             vx = pool_v[at];
           } else {
@@ -650,8 +650,8 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
       q_indptr[b + 1] = q_indptr[b] + n;
       std::vector<int> positions;
       for (int i = 0; i < n; ++i) positions.push_back(seq_lens[b] - n + i);
-      const std::vector<float> qb = GenerateQueries(
-          seqs[b], positions, kNumQHeads, RowSeed(options.seed, d, g, 10 + b));
+      const std::vector<float> qb =
+          GenerateQueries(seqs[b], positions, kNumQHeads, RowSeed(options.seed, d, g, 10 + b));
       q.insert(q.end(), qb.begin(), qb.end());
       for (int p : positions) {
         q_seq.push_back(b);
@@ -682,10 +682,10 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
                      error)) {
       return;
     }
-    if (!rec->Ok(kvarn_paged_attention(target.context, &config, &mem.kv, &params, q_in.data(),
-                                       out.data(), lse.as<float>(), workspace.data(),
-                                       workspace_bytes),
-                 "kvarn_paged_attention")) {
+    if (!rec->Ok(
+            kvarn_paged_attention(target.context, &config, &mem.kv, &params, q_in.data(),
+                                  out.data(), lse.as<float>(), workspace.data(), workspace_bytes),
+            "kvarn_paged_attention")) {
       return;
     }
     std::vector<float> out_host, lse_host;
@@ -714,8 +714,8 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
           err_sq += e * e;
           ref_sq += o[c] * o[c];
         }
-        const double lse_diff = std::fabs(lse_host[i * kNumQHeads + qh] - lse_ref) /
-                                std::max(1.0, std::fabs(lse_ref));
+        const double lse_diff =
+            std::fabs(lse_host[i * kNumQHeads + qh] - lse_ref) / std::max(1.0, std::fabs(lse_ref));
         lse_err = std::isnan(lse_diff) ? lse_diff : std::max(lse_err, lse_diff);
         // Softmax shape statistics (sink weight and the largest weight).
         double s_sink = 0.0, s_max = -1e300;
@@ -733,26 +733,27 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
     }
     const double rel_l2 = ref_sq > 0.0 ? std::sqrt(err_sq / ref_sq) : std::sqrt(err_sq);
     if (!(rel_l2 <= target.attention_tolerance)) {
-      rec->Fail(Format("attention (%s): relative L2 error %.3e vs float64 > %.0e", run.name,
-                       rel_l2, target.attention_tolerance));
+      rec->Fail(Format("attention (%s): relative L2 error %.3e vs float64 > %.0e", run.name, rel_l2,
+                       target.attention_tolerance));
       ok = false;
     }
     if (!(lse_err <= 1e-3)) {
-      rec->Fail(Format("attention (%s): lse error %.3e vs float64 > 1e-3 (relative to max(1,|lse|))",
-                       run.name, lse_err));
+      rec->Fail(
+          Format("attention (%s): lse error %.3e vs float64 > 1e-3 (relative to max(1,|lse|))",
+                 run.name, lse_err));
       ok = false;
     }
     worst_l2 = std::isnan(rel_l2) ? rel_l2 : std::max(worst_l2, rel_l2);
     worst_lse = std::isnan(lse_err) ? lse_err : std::max(worst_lse, lse_err);
   }
   row->attention_rel_l2 = worst_l2;
-  row->lse_max_abs_err = worst_lse;
+  row->lse_max_err = worst_lse;
   row->attention_ok = ok && row->flush_matches_quantize;
   if (stats.count > 0) {
-    row->notes.push_back(Format("attention: mean sink weight %.3f, mean largest weight %.3f, "
-                                "worst lse error %.1e",
-                                stats.sink_mass / stats.count, stats.max_weight / stats.count,
-                                worst_lse));
+    row->notes.push_back(
+        Format("attention: mean sink weight %.3f, mean largest weight %.3f, "
+               "worst lse error %.1e",
+               stats.sink_mass / stats.count, stats.max_weight / stats.count, worst_lse));
   }
 }
 
@@ -863,10 +864,10 @@ void MeasureDecode(const BackendTarget& target, const kvarn_config_t& config,
   const double seconds = SecondsPerCall(
       [&]() {
         std::string sync_error;
-        return rec->Ok(kvarn_paged_attention(target.context, &config, &mem.kv, &params,
-                                             q_in.data(), out.data(), nullptr, workspace.data(),
-                                             workspace_bytes),
-                       "kvarn_paged_attention") &&
+        return rec->Ok(
+                   kvarn_paged_attention(target.context, &config, &mem.kv, &params, q_in.data(),
+                                         out.data(), nullptr, workspace.data(), workspace_bytes),
+                   "kvarn_paged_attention") &&
                rec->Memory(Synchronize(target.memory, &sync_error), sync_error);
       },
       options.quick ? 0.02 : 0.05, 3);
@@ -876,10 +877,11 @@ void MeasureDecode(const BackendTarget& target, const kvarn_config_t& config,
                        fp16_tokens * kNumKvHeads * d * 2 * 2;
   row->attention_tokens_per_s = seq_len / seconds;
   row->attention_gb_per_s = bytes / seconds * 1e-9;
-  row->notes.push_back(Format("decode: %d cached tokens (%d record tiles), Hq %d, Hk %d: %.3f ms, "
-                              "%.3g tokens/s, %.2f GB/s",
-                              seq_len, n_records, kNumQHeads, kNumKvHeads, seconds * 1e3,
-                              row->attention_tokens_per_s, row->attention_gb_per_s));
+  row->notes.push_back(
+      Format("decode: %d cached tokens (%d record tiles), Hq %d, Hk %d: %.3f ms, "
+             "%.3g tokens/s, %.2f GB/s",
+             seq_len, n_records, kNumQHeads, kNumKvHeads, seconds * 1e3,
+             row->attention_tokens_per_s, row->attention_gb_per_s));
 }
 
 }  // namespace

@@ -54,8 +54,8 @@ struct RowResult {
 
   // Paged attention against a float64 attention over the same stored cache.
   double attention_rel_l2 = kNotMeasured;  // worst of decode, split decode, extend
-  double lse_max_abs_err = kNotMeasured;
-  bool flush_matches_quantize = false;  // kvarn_paged_flush bytes == kvarn_quantize bytes
+  double lse_max_err = kNotMeasured;       // max |lse - lse_ref| / max(1, |lse_ref|)
+  bool flush_matches_quantize = false;     // kvarn_paged_flush bytes == kvarn_quantize bytes
   bool attention_ok = false;
 
   // Throughput.

@@ -35,8 +35,7 @@ bool HipOk(hipError_t e, const char* what, std::string* error) {
 #endif
 
 bool NotBuiltIn(MemoryKind kind, std::string* error) {
-  *error = std::string("kvarn-selftest was built without the ") + MemoryKindName(kind) +
-           " runtime";
+  *error = std::string("kvarn-selftest was built without the ") + MemoryKindName(kind) + " runtime";
   return false;
 }
 

@@ -224,8 +224,8 @@ void RunBackend(kvarn_context_t* context, bool explicit_request, const CommandLi
   }
   entry->ran = true;
   if (!cl.json) {
-    std::printf("running on %s: ISA %s, %d thread%s\n\n", entry->name.c_str(),
-                entry->isa.c_str(), entry->threads, entry->threads == 1 ? "" : "s");
+    std::printf("running on %s: ISA %s, %d thread%s\n\n", entry->name.c_str(), entry->isa.c_str(),
+                entry->threads, entry->threads == 1 ? "" : "s");
     PrintTableHeader(stdout);
   }
 
@@ -267,8 +267,8 @@ int Main(int argc, char** argv) {
   }
   {
     const uint32_t n = report.version_number;
-    const std::string expected = std::to_string(n / 10000) + "." +
-                                 std::to_string(n / 100 % 100) + "." + std::to_string(n % 100);
+    const std::string expected = std::to_string(n / 10000) + "." + std::to_string(n / 100 % 100) +
+                                 "." + std::to_string(n % 100);
     if (expected != report.version) {
       report.errors.push_back("kvarn_version_string() '" + report.version +
                               "' disagrees with kvarn_version_number() " + std::to_string(n));

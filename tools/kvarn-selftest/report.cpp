@@ -111,15 +111,14 @@ void PrintPreamble(const Report& report, std::FILE* out) {
 }
 
 void PrintTableHeader(std::FILE* out) {
-  std::fprintf(out,
-               "%-5s %-10s %4s %6s %8s %8s %6s %8s %8s %6s %8s %9s %8s  %s\n", "bknd", "preset",
-               "D", "rec B", "K kvarn", "K rtn", "K x", "V kvarn", "V rtn", "V x", "attn L2",
-               "quant r/s", "attn GB/s", "result");
+  std::fprintf(out, "%-5s %-10s %4s %6s %8s %8s %6s %8s %8s %6s %8s %9s %8s  %s\n", "bknd",
+               "preset", "D", "rec B", "K kvarn", "K rtn", "K x", "V kvarn", "V rtn", "V x",
+               "attn L2", "quant r/s", "attn GB/s", "result");
 }
 
 void PrintTableRow(const RowResult& row, bool verbose, std::FILE* out) {
-  std::fprintf(out, "%-5s %-10s %4d %6zu ", row.backend.c_str(), row.preset.c_str(),
-               row.head_dim, row.record_bytes);
+  std::fprintf(out, "%-5s %-10s %4d %6zu ", row.backend.c_str(), row.preset.c_str(), row.head_dim,
+               row.record_bytes);
   PrintNumber(out, "%8.2e", 8, row.k_rel_mse);
   std::fputc(' ', out);
   PrintNumber(out, "%8.2e", 8, row.k_rel_mse_rtn);
@@ -263,7 +262,7 @@ void PrintJson(const Report& report, std::FILE* out) {
     boolean("deterministic", r.deterministic);
     boolean("roundtrip_ok", r.roundtrip_ok);
     number("attention_rel_l2", r.attention_rel_l2);
-    number("lse_max_err", r.lse_max_abs_err);
+    number("lse_max_err", r.lse_max_err);
     boolean("flush_matches_quantize", r.flush_matches_quantize);
     boolean("attention_ok", r.attention_ok);
     number("quantize_records_per_s", r.quantize_records_per_s);

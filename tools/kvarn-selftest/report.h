@@ -18,12 +18,12 @@ struct BackendReport {
   std::string name;
   bool available = false;
   int device_count = 0;
-  std::string reason;         // why not available
-  bool selected = false;      // the sweep tried to run on it
-  bool ran = false;           // a context was created and rows ran
-  std::string isa;            // CPU ISA of the context ("none" on GPUs)
+  std::string reason;     // why not available
+  bool selected = false;  // the sweep tried to run on it
+  bool ran = false;       // a context was created and rows ran
+  std::string isa;        // CPU ISA of the context ("none" on GPUs)
   int threads = 0;
-  std::string skipped;        // why a selected backend did not run (empty if it ran)
+  std::string skipped;  // why a selected backend did not run (empty if it ran)
 };
 
 struct Report {

@@ -144,9 +144,7 @@ uint64_t SplitMix64::Next() {
 
 double SplitMix64::Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
 
-int SplitMix64::UniformInt(int n) {
-  return static_cast<int>(Uniform() * n) % n;
-}
+int SplitMix64::UniformInt(int n) { return static_cast<int>(Uniform() * n) % n; }
 
 double SplitMix64::Normal() {
   if (has_spare_) {

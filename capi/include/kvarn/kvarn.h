@@ -90,8 +90,10 @@ typedef enum kvarn_status {
 
 /* A static English description of a status; never NULL (unknown values give "unknown status"). */
 KVARN_API const char* kvarn_status_string(kvarn_status_t status);
-/* The detail message of the last failing call on this thread ("" if none). Valid until the next
- * kvarn_* call on this thread. Never NULL. */
+/* The detail message of the last failing call on this thread ("" after a successful fallible
+ * call). Never NULL. Valid until the next fallible kvarn_* call on this thread; the functions
+ * that cannot fail (kvarn_status_string, kvarn_last_error, *_defaults, names, versions) leave it
+ * unchanged, so `printf("%s: %s", kvarn_status_string(s), kvarn_last_error())` is safe. */
 KVARN_API const char* kvarn_last_error(void);
 
 /* ---------------------------------------------------------------------------------------------
@@ -188,6 +190,28 @@ KVARN_API kvarn_status_t kvarn_context_get_device(const kvarn_context_t* context
                                                   int32_t* out_device);
 KVARN_API kvarn_status_t kvarn_context_get_num_threads(const kvarn_context_t* context,
                                                        int32_t* out_threads);
+
+/* Memory in the context's address space (device memory of the context's device for GPU
+ * backends, 64-byte aligned host memory for the CPU), for callers that have no allocator of
+ * their own (bindings, tools). Free with kvarn_memory_free (NULL is a no-op). */
+KVARN_API kvarn_status_t kvarn_memory_alloc(kvarn_context_t* context, size_t bytes,
+                                            void** out_ptr);
+KVARN_API void kvarn_memory_free(kvarn_context_t* context, void* ptr);
+
+typedef enum kvarn_copy_kind {
+  KVARN_COPY_HOST_TO_DEVICE = 0,
+  KVARN_COPY_DEVICE_TO_HOST = 1,
+  KVARN_COPY_DEVICE_TO_DEVICE = 2,
+  KVARN_COPY_SENTINEL_ = 0x7fffffff
+} kvarn_copy_kind_t;
+
+/* Copies bytes between host memory and the context's memory, ordered on the context's stream;
+ * returns when the copy is complete. "Device" means the context's memory (host for the CPU). */
+KVARN_API kvarn_status_t kvarn_memory_copy(kvarn_context_t* context, void* dst, const void* src,
+                                           size_t bytes, kvarn_copy_kind_t kind);
+/* Waits until all work queued on the context's stream is complete (a no-op on the CPU, whose
+ * calls are synchronous). */
+KVARN_API kvarn_status_t kvarn_context_synchronize(kvarn_context_t* context);
 
 /* ---------------------------------------------------------------------------------------------
  * Configurations (ALGORITHM.md sections 2-7)
@@ -296,6 +320,9 @@ KVARN_API kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_
  *                    holds rotated fp16 vectors (the cache frame).
  *   record block r:  records + r * Hk * record_stride bytes: the Hk records of one tile, in KV
  *                    head order, record_stride bytes apart.
+ * Memory: records, pages, block_table, seq_lens and record_tiles are in the context's memory
+ * (device memory for GPU contexts, so a decode step can be captured in a CUDA graph); the indptr
+ * arrays and the flush id lists are host memory (they size the launch).
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct kvarn_paged_kv {
@@ -308,10 +335,10 @@ typedef struct kvarn_paged_kv {
   void* k_pages;                 /* fp16 [num_pages][Hk][G][D] */
   void* v_pages;                 /* fp16 [num_pages][Hk][G][D] */
   int32_t num_pages;             /* pages in each page pool (bounds check) */
-  const int32_t* block_table;    /* [batch][max_blocks_per_seq]; host memory for CPU contexts */
+  const int32_t* block_table;    /* [batch][max_blocks_per_seq] (context memory) */
   int32_t max_blocks_per_seq;    /* row stride of block_table */
-  const int32_t* seq_lens;       /* [batch] tokens N_b in the cache */
-  const int32_t* record_tiles;   /* [batch] tiles held as records */
+  const int32_t* seq_lens;       /* [batch] tokens N_b in the cache (context memory) */
+  const int32_t* record_tiles;   /* [batch] tiles held as records (context memory) */
 } kvarn_paged_kv_t;
 
 KVARN_API void kvarn_paged_kv_defaults(kvarn_paged_kv_t* kv);
@@ -358,8 +385,8 @@ KVARN_API kvarn_status_t kvarn_paged_attention_workspace_size(
  * q:   [total_q_tokens][Hq][D] of params->q_dtype, unrotated; total_q_tokens = batch for decode,
  *      q_indptr[batch] for extend.
  * out: [total_q_tokens][Hq][D] of params->out_dtype.
- * lse: [total_q_tokens][Hq] float, natural log of the softmax denominator of the scaled scores,
- *      or NULL.
+ * lse: [total_q_tokens][Hq] float (context memory), natural log of the softmax denominator of
+ *      the scaled scores, or NULL.
  * workspace: workspace_bytes bytes of the context's memory (>= the queried size), may be NULL
  *      when the queried size is 0. */
 KVARN_API kvarn_status_t kvarn_paged_attention(kvarn_context_t* context,
