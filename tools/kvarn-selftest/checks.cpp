@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "device_buffer.h"
 #include "reference.h"
 #include "synthetic.h"
 
@@ -62,9 +63,9 @@ class Recorder {
 };
 
 template <typename T>
-bool UploadVector(const std::vector<T>& host, MemoryKind kind, DeviceBuffer* buffer,
+bool UploadVector(const std::vector<T>& host, kvarn_context_t* context, DeviceBuffer* buffer,
                   std::string* error) {
-  return buffer->Allocate(kind, host.size() * sizeof(T), error) &&
+  return buffer->Allocate(context, host.size() * sizeof(T), error) &&
          buffer->Upload(host.data(), host.size() * sizeof(T), error);
 }
 
@@ -193,14 +194,14 @@ void CheckRoundTrip(const BackendTarget& target, const kvarn_config_t& config,
   const size_t stride = RoundUp(record_bytes, 16) + 16;  // always some padding to check
   std::string error;
   DeviceBuffer k_in, v_in, records, records_again, k_out, v_out;
-  if (!rec->Memory(UploadVector(data.k, target.memory, &k_in, &error) &&
-                       UploadVector(data.v, target.memory, &v_in, &error) &&
-                       records.Allocate(target.memory, n_tiles * stride, &error) &&
+  if (!rec->Memory(UploadVector(data.k, target.context, &k_in, &error) &&
+                       UploadVector(data.v, target.context, &v_in, &error) &&
+                       records.Allocate(target.context, n_tiles * stride, &error) &&
                        records.Fill(kPaddingSentinel, &error) &&
-                       records_again.Allocate(target.memory, n_tiles * stride, &error) &&
+                       records_again.Allocate(target.context, n_tiles * stride, &error) &&
                        records_again.Fill(kPaddingSentinel, &error) &&
-                       k_out.Allocate(target.memory, values * sizeof(float), &error) &&
-                       v_out.Allocate(target.memory, values * sizeof(float), &error),
+                       k_out.Allocate(target.context, values * sizeof(float), &error) &&
+                       v_out.Allocate(target.context, values * sizeof(float), &error),
                    error)) {
     return;
   }
@@ -284,7 +285,7 @@ void CheckRoundTrip(const BackendTarget& target, const kvarn_config_t& config,
                    kvarn_quantize(target.context, &config, n_tiles, KVARN_DTYPE_F32, k_in.data(),
                                   v_in.data(), KVARN_CODEC_DEFAULT, records_again.data(), stride),
                    "kvarn_quantize") &&
-               rec->Memory(Synchronize(target.memory, &sync_error), sync_error);
+               rec->Memory(Synchronize(target.context, &sync_error), sync_error);
       },
       options.quick ? 0.02 : 0.05, 2);
   if (std::isfinite(seconds) && seconds > 0.0) row->quantize_records_per_s = n_tiles / seconds;
@@ -371,15 +372,15 @@ bool AllocatePaged(const BackendTarget& target, const kvarn_config_t& config,
                    std::string* error) {
   const size_t page_halves =
       static_cast<size_t>(kNumKvHeads) * config.tile_tokens * config.head_dim;
-  if (!mem->records.Allocate(target.memory,
+  if (!mem->records.Allocate(target.context,
                              std::max(1, layout.num_blocks) * kNumKvHeads * record_stride, error) ||
-      !mem->k_pages.Allocate(target.memory, layout.num_pages * page_halves * 2, error) ||
-      !mem->v_pages.Allocate(target.memory, layout.num_pages * page_halves * 2, error) ||
+      !mem->k_pages.Allocate(target.context, layout.num_pages * page_halves * 2, error) ||
+      !mem->v_pages.Allocate(target.context, layout.num_pages * page_halves * 2, error) ||
       !mem->k_pages.Fill(kPageSentinel, error) || !mem->v_pages.Fill(kPageSentinel, error) ||
       !mem->records.Fill(0, error) ||
-      !mem->block_table.Allocate(target.memory, layout.page_of.size() * sizeof(int32_t), error) ||
-      !mem->seq_lens.Allocate(target.memory, layout.batch * sizeof(int32_t), error) ||
-      !mem->record_tiles.Allocate(target.memory, layout.batch * sizeof(int32_t), error)) {
+      !mem->block_table.Allocate(target.context, layout.page_of.size() * sizeof(int32_t), error) ||
+      !mem->seq_lens.Allocate(target.context, layout.batch * sizeof(int32_t), error) ||
+      !mem->record_tiles.Allocate(target.context, layout.batch * sizeof(int32_t), error)) {
     return false;
   }
   kvarn_paged_kv_defaults(&mem->kv);
@@ -467,8 +468,8 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
     if (indptr[batch] == 0) continue;
     DeviceBuffer k_in, v_in;
     if (!rec->Memory(UploadPagedState(table_pages, lens_now, no_records, &mem, &error) &&
-                         UploadVector(k, target.memory, &k_in, &error) &&
-                         UploadVector(v, target.memory, &v_in, &error),
+                         UploadVector(k, target.context, &k_in, &error) &&
+                         UploadVector(v, target.context, &v_in, &error),
                      error)) {
       return;
     }
@@ -512,8 +513,8 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
   std::vector<unsigned char> pool_bytes;
   if (pool_tiles > 0) {
     DeviceBuffer k_out, v_out;
-    if (!rec->Memory(k_out.Allocate(target.memory, pool_tiles * tile_values * 4, &error) &&
-                         v_out.Allocate(target.memory, pool_tiles * tile_values * 4, &error),
+    if (!rec->Memory(k_out.Allocate(target.context, pool_tiles * tile_values * 4, &error) &&
+                         v_out.Allocate(target.context, pool_tiles * tile_values * 4, &error),
                      error)) {
       return;
     }
@@ -537,10 +538,10 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
     const size_t n = static_cast<size_t>(seq_lens[b]);
     DeviceBuffer k_in, v_in, k_rot, v_rot;
     std::vector<uint16_t> k_half, v_half;
-    if (!rec->Memory(UploadVector(seqs[b].k, target.memory, &k_in, &error) &&
-                         UploadVector(seqs[b].v, target.memory, &v_in, &error) &&
-                         k_rot.Allocate(target.memory, n * token_values * 2, &error) &&
-                         v_rot.Allocate(target.memory, n * token_values * 2, &error),
+    if (!rec->Memory(UploadVector(seqs[b].k, target.context, &k_in, &error) &&
+                         UploadVector(seqs[b].v, target.context, &v_in, &error) &&
+                         k_rot.Allocate(target.context, n * token_values * 2, &error) &&
+                         v_rot.Allocate(target.context, n * token_values * 2, &error),
                      error)) {
       return;
     }
@@ -601,9 +602,9 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
     }
     DeviceBuffer k_in, v_in, direct;
     std::vector<unsigned char> direct_bytes;
-    if (!rec->Memory(UploadVector(tiles_k, target.memory, &k_in, &error) &&
-                         UploadVector(tiles_v, target.memory, &v_in, &error) &&
-                         direct.Allocate(target.memory, pool_tiles * record_stride, &error),
+    if (!rec->Memory(UploadVector(tiles_k, target.context, &k_in, &error) &&
+                         UploadVector(tiles_v, target.context, &v_in, &error) &&
+                         direct.Allocate(target.context, pool_tiles * record_stride, &error),
                      error)) {
       return;
     }
@@ -675,10 +676,10 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
     }
     const size_t out_values = total_q * kNumQHeads * d;
     DeviceBuffer q_in, out, lse, workspace;
-    if (!rec->Memory(UploadVector(q, target.memory, &q_in, &error) &&
-                         out.Allocate(target.memory, out_values * 4, &error) &&
-                         lse.Allocate(target.memory, total_q * kNumQHeads * 4, &error) &&
-                         workspace.Allocate(target.memory, workspace_bytes, &error),
+    if (!rec->Memory(UploadVector(q, target.context, &q_in, &error) &&
+                         out.Allocate(target.context, out_values * 4, &error) &&
+                         lse.Allocate(target.context, total_q * kNumQHeads * 4, &error) &&
+                         workspace.Allocate(target.context, workspace_bytes, &error),
                      error)) {
       return;
     }
@@ -785,10 +786,10 @@ void MeasureDecode(const BackendTarget& target, const kvarn_config_t& config,
   const KvSequence kv = GenerateKv(g, 1, d, RowSeed(options.seed, d, g, 3));
   DeviceBuffer k_in, v_in, k_rot, v_rot;
   std::vector<uint16_t> k_half, v_half;
-  if (!rec->Memory(UploadVector(kv.k, target.memory, &k_in, &error) &&
-                       UploadVector(kv.v, target.memory, &v_in, &error) &&
-                       k_rot.Allocate(target.memory, tile_values * 2, &error) &&
-                       v_rot.Allocate(target.memory, tile_values * 2, &error),
+  if (!rec->Memory(UploadVector(kv.k, target.context, &k_in, &error) &&
+                       UploadVector(kv.v, target.context, &v_in, &error) &&
+                       k_rot.Allocate(target.context, tile_values * 2, &error) &&
+                       v_rot.Allocate(target.context, tile_values * 2, &error),
                    error)) {
     return;
   }
@@ -818,12 +819,12 @@ void MeasureDecode(const BackendTarget& target, const kvarn_config_t& config,
   table[tiles - 1] = sink;  // the tail page
   const std::vector<int32_t> lens = {seq_len}, records = {n_records};
   PagedMemory mem;
-  if (!rec->Memory(UploadVector(pool, target.memory, &mem.records, &error) &&
-                       UploadVector(k_pages, target.memory, &mem.k_pages, &error) &&
-                       UploadVector(v_pages, target.memory, &mem.v_pages, &error) &&
-                       UploadVector(table, target.memory, &mem.block_table, &error) &&
-                       UploadVector(lens, target.memory, &mem.seq_lens, &error) &&
-                       UploadVector(records, target.memory, &mem.record_tiles, &error),
+  if (!rec->Memory(UploadVector(pool, target.context, &mem.records, &error) &&
+                       UploadVector(k_pages, target.context, &mem.k_pages, &error) &&
+                       UploadVector(v_pages, target.context, &mem.v_pages, &error) &&
+                       UploadVector(table, target.context, &mem.block_table, &error) &&
+                       UploadVector(lens, target.context, &mem.seq_lens, &error) &&
+                       UploadVector(records, target.context, &mem.record_tiles, &error),
                    error)) {
     return;
   }
@@ -855,9 +856,9 @@ void MeasureDecode(const BackendTarget& target, const kvarn_config_t& config,
   const KvSequence qkv = GenerateKv(1, kNumKvHeads, d, RowSeed(options.seed, d, g, 4));
   const std::vector<float> q = GenerateQueries(qkv, {0}, kNumQHeads, options.seed);
   DeviceBuffer q_in, out, workspace;
-  if (!rec->Memory(UploadVector(q, target.memory, &q_in, &error) &&
-                       out.Allocate(target.memory, q.size() * 4, &error) &&
-                       workspace.Allocate(target.memory, workspace_bytes, &error),
+  if (!rec->Memory(UploadVector(q, target.context, &q_in, &error) &&
+                       out.Allocate(target.context, q.size() * 4, &error) &&
+                       workspace.Allocate(target.context, workspace_bytes, &error),
                    error)) {
     return;
   }
@@ -868,7 +869,7 @@ void MeasureDecode(const BackendTarget& target, const kvarn_config_t& config,
                    kvarn_paged_attention(target.context, &config, &mem.kv, &params, q_in.data(),
                                          out.data(), nullptr, workspace.data(), workspace_bytes),
                    "kvarn_paged_attention") &&
-               rec->Memory(Synchronize(target.memory, &sync_error), sync_error);
+               rec->Memory(Synchronize(target.context, &sync_error), sync_error);
       },
       options.quick ? 0.02 : 0.05, 3);
   if (!std::isfinite(seconds) || seconds <= 0.0) return;

@@ -10,7 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "device_buffer.h"
 #include "kvarn/kvarn.h"
 
 namespace kvarn_selftest {
@@ -24,9 +23,8 @@ struct SweepOptions {
 
 // One backend the sweep runs on.
 struct BackendTarget {
-  kvarn_context_t* context = nullptr;
+  kvarn_context_t* context = nullptr;  // also the address space of every buffer the row uses
   std::string name;
-  MemoryKind memory = MemoryKind::kHost;
   // Pass bound of the attention check (TARGETS.md: 1e-3 on the CPU, 2e-3 on GPUs).
   double attention_tolerance = 1e-3;
 };

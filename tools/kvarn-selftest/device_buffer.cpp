@@ -3,121 +3,31 @@
 // Copyright 2026 The libkvarn Authors. SPDX-License-Identifier: Apache-2.0
 #include "device_buffer.h"
 
-#include <cstdlib>
-#include <cstring>
-#include <new>
-#include <utility>
-
-#if defined(KVARN_SELFTEST_WITH_CUDA)
-#include <cuda_runtime_api.h>
-#endif
-#if defined(KVARN_SELFTEST_WITH_HIP)
-#include <hip/hip_runtime_api.h>
-#endif
+#include <vector>
 
 namespace kvarn_selftest {
 namespace {
 
-#if defined(KVARN_SELFTEST_WITH_CUDA)
-bool CudaOk(cudaError_t e, const char* what, std::string* error) {
-  if (e == cudaSuccess) return true;
-  *error = std::string(what) + ": " + cudaGetErrorString(e);
-  return false;
-}
-#endif
-
-#if defined(KVARN_SELFTEST_WITH_HIP)
-bool HipOk(hipError_t e, const char* what, std::string* error) {
-  if (e == hipSuccess) return true;
-  *error = std::string(what) + ": " + hipGetErrorString(e);
-  return false;
-}
-#endif
-
-bool NotBuiltIn(MemoryKind kind, std::string* error) {
-  *error = std::string("kvarn-selftest was built without the ") + MemoryKindName(kind) + " runtime";
+// "call failed: status (detail)", or true for KVARN_OK. Reads kvarn_last_error() before
+// kvarn_status_string() (itself a kvarn_* call).
+bool StatusOk(kvarn_status_t status, const char* call, std::string* error) {
+  if (status == KVARN_OK) return true;
+  const std::string detail = kvarn_last_error();
+  *error = std::string(call) + " failed: " + kvarn_status_string(status);
+  if (!detail.empty()) *error += " (" + detail + ")";
   return false;
 }
 
 }  // namespace
 
-bool MemoryKindBuiltIn(MemoryKind kind) {
-  switch (kind) {
-    case MemoryKind::kHost:
-      return true;
-    case MemoryKind::kCuda:
-#if defined(KVARN_SELFTEST_WITH_CUDA)
-      return true;
-#else
-      return false;
-#endif
-    case MemoryKind::kHip:
-#if defined(KVARN_SELFTEST_WITH_HIP)
-      return true;
-#else
-      return false;
-#endif
-  }
-  return false;
-}
-
-const char* MemoryKindName(MemoryKind kind) {
-  switch (kind) {
-    case MemoryKind::kHost:
-      return "host";
-    case MemoryKind::kCuda:
-      return "cuda";
-    case MemoryKind::kHip:
-      return "hip";
-  }
-  return "?";
-}
-
-bool SelectDevice(MemoryKind kind, int ordinal, std::string* error) {
-  (void)ordinal;  // unused when the tool has no GPU runtime
-  switch (kind) {
-    case MemoryKind::kHost:
-      return true;
-    case MemoryKind::kCuda:
-#if defined(KVARN_SELFTEST_WITH_CUDA)
-      return CudaOk(cudaSetDevice(ordinal), "cudaSetDevice", error);
-#else
-      return NotBuiltIn(kind, error);
-#endif
-    case MemoryKind::kHip:
-#if defined(KVARN_SELFTEST_WITH_HIP)
-      return HipOk(hipSetDevice(ordinal), "hipSetDevice", error);
-#else
-      return NotBuiltIn(kind, error);
-#endif
-  }
-  return false;
-}
-
-bool Synchronize(MemoryKind kind, std::string* error) {
-  switch (kind) {
-    case MemoryKind::kHost:
-      return true;
-    case MemoryKind::kCuda:
-#if defined(KVARN_SELFTEST_WITH_CUDA)
-      return CudaOk(cudaDeviceSynchronize(), "cudaDeviceSynchronize", error);
-#else
-      return NotBuiltIn(kind, error);
-#endif
-    case MemoryKind::kHip:
-#if defined(KVARN_SELFTEST_WITH_HIP)
-      return HipOk(hipDeviceSynchronize(), "hipDeviceSynchronize", error);
-#else
-      return NotBuiltIn(kind, error);
-#endif
-  }
-  return false;
+bool Synchronize(kvarn_context_t* context, std::string* error) {
+  return StatusOk(kvarn_context_synchronize(context), "kvarn_context_synchronize", error);
 }
 
 DeviceBuffer::~DeviceBuffer() { Release(); }
 
 DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
-    : kind_(other.kind_), data_(other.data_), bytes_(other.bytes_) {
+    : context_(other.context_), data_(other.data_), bytes_(other.bytes_) {
   other.data_ = nullptr;
   other.bytes_ = 0;
 }
@@ -125,7 +35,7 @@ DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
 DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   if (this != &other) {
     Release();
-    kind_ = other.kind_;
+    context_ = other.context_;
     data_ = other.data_;
     bytes_ = other.bytes_;
     other.data_ = nullptr;
@@ -135,61 +45,20 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 }
 
 void DeviceBuffer::Release() {
-  if (data_ != nullptr) {
-    switch (kind_) {
-      case MemoryKind::kHost:
-        std::free(data_);
-        break;
-      case MemoryKind::kCuda:
-#if defined(KVARN_SELFTEST_WITH_CUDA)
-        cudaFree(data_);
-#endif
-        break;
-      case MemoryKind::kHip:
-#if defined(KVARN_SELFTEST_WITH_HIP)
-        (void)hipFree(data_);
-#endif
-        break;
-    }
-  }
+  kvarn_memory_free(context_, data_);  // NULL is a no-op
   data_ = nullptr;
   bytes_ = 0;
 }
 
-bool DeviceBuffer::Allocate(MemoryKind kind, size_t bytes, std::string* error) {
+bool DeviceBuffer::Allocate(kvarn_context_t* context, size_t bytes, std::string* error) {
   Release();
-  kind_ = kind;
+  context_ = context;
   if (bytes == 0) return true;
-  switch (kind) {
-    case MemoryKind::kHost:
-      // 64-byte alignment so SIMD kernels see the alignment an engine's allocator would give.
-      data_ = std::aligned_alloc(64, (bytes + 63) / 64 * 64);
-      if (data_ == nullptr) {
-        *error = "out of host memory";
-        return false;
-      }
-      break;
-    case MemoryKind::kCuda:
-#if defined(KVARN_SELFTEST_WITH_CUDA)
-      if (!CudaOk(cudaMalloc(&data_, bytes), "cudaMalloc", error)) {
-        data_ = nullptr;
-        return false;
-      }
-      break;
-#else
-      return NotBuiltIn(kind, error);
-#endif
-    case MemoryKind::kHip:
-#if defined(KVARN_SELFTEST_WITH_HIP)
-      if (!HipOk(hipMalloc(&data_, bytes), "hipMalloc", error)) {
-        data_ = nullptr;
-        return false;
-      }
-      break;
-#else
-      return NotBuiltIn(kind, error);
-#endif
+  void* ptr = nullptr;
+  if (!StatusOk(kvarn_memory_alloc(context, bytes, &ptr), "kvarn_memory_alloc", error)) {
+    return false;
   }
+  data_ = ptr;
   bytes_ = bytes;
   return true;
 }
@@ -200,25 +69,9 @@ bool DeviceBuffer::Upload(const void* host, size_t bytes, std::string* error, si
     return false;
   }
   if (bytes == 0) return true;
-  char* dst = static_cast<char*>(data_) + offset;
-  switch (kind_) {
-    case MemoryKind::kHost:
-      std::memcpy(dst, host, bytes);
-      return true;
-    case MemoryKind::kCuda:
-#if defined(KVARN_SELFTEST_WITH_CUDA)
-      return CudaOk(cudaMemcpy(dst, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy", error);
-#else
-      return NotBuiltIn(kind_, error);
-#endif
-    case MemoryKind::kHip:
-#if defined(KVARN_SELFTEST_WITH_HIP)
-      return HipOk(hipMemcpy(dst, host, bytes, hipMemcpyHostToDevice), "hipMemcpy", error);
-#else
-      return NotBuiltIn(kind_, error);
-#endif
-  }
-  return false;
+  return StatusOk(kvarn_memory_copy(context_, static_cast<char*>(data_) + offset, host, bytes,
+                                    KVARN_COPY_HOST_TO_DEVICE),
+                  "kvarn_memory_copy", error);
 }
 
 bool DeviceBuffer::Download(void* host, size_t bytes, std::string* error, size_t offset) const {
@@ -227,51 +80,16 @@ bool DeviceBuffer::Download(void* host, size_t bytes, std::string* error, size_t
     return false;
   }
   if (bytes == 0) return true;
-  const char* src = static_cast<const char*>(data_) + offset;
-  switch (kind_) {
-    case MemoryKind::kHost:
-      std::memcpy(host, src, bytes);
-      return true;
-    case MemoryKind::kCuda:
-#if defined(KVARN_SELFTEST_WITH_CUDA)
-      // A plain cudaMemcpy also waits for kernels on the legacy default stream only; synchronize
-      // the device first so work queued on a context's own stream is finished.
-      if (!CudaOk(cudaDeviceSynchronize(), "cudaDeviceSynchronize", error)) return false;
-      return CudaOk(cudaMemcpy(host, src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy", error);
-#else
-      return NotBuiltIn(kind_, error);
-#endif
-    case MemoryKind::kHip:
-#if defined(KVARN_SELFTEST_WITH_HIP)
-      if (!HipOk(hipDeviceSynchronize(), "hipDeviceSynchronize", error)) return false;
-      return HipOk(hipMemcpy(host, src, bytes, hipMemcpyDeviceToHost), "hipMemcpy", error);
-#else
-      return NotBuiltIn(kind_, error);
-#endif
-  }
-  return false;
+  return StatusOk(kvarn_memory_copy(context_, host, static_cast<const char*>(data_) + offset, bytes,
+                                    KVARN_COPY_DEVICE_TO_HOST),
+                  "kvarn_memory_copy", error);
 }
 
 bool DeviceBuffer::Fill(unsigned char value, std::string* error) {
   if (bytes_ == 0) return true;
-  switch (kind_) {
-    case MemoryKind::kHost:
-      std::memset(data_, value, bytes_);
-      return true;
-    case MemoryKind::kCuda:
-#if defined(KVARN_SELFTEST_WITH_CUDA)
-      return CudaOk(cudaMemset(data_, value, bytes_), "cudaMemset", error);
-#else
-      return NotBuiltIn(kind_, error);
-#endif
-    case MemoryKind::kHip:
-#if defined(KVARN_SELFTEST_WITH_HIP)
-      return HipOk(hipMemset(data_, value, bytes_), "hipMemset", error);
-#else
-      return NotBuiltIn(kind_, error);
-#endif
-  }
-  return false;
+  // kvarn.h has no memset: upload a host buffer holding the value.
+  const std::vector<unsigned char> host(bytes_, value);
+  return Upload(host.data(), host.size(), error);
 }
 
 }  // namespace kvarn_selftest

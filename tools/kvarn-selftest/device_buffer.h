@@ -3,31 +3,25 @@
 //
 // Copyright 2026 The libkvarn Authors. SPDX-License-Identifier: Apache-2.0
 //
-// kvarn.h deliberately has no allocator: GPU contexts take device pointers the engine owns. The
-// selftest therefore brings its own, through the vendor runtime when it was built with one
-// (KVARN_SELFTEST_WITH_CUDA / KVARN_SELFTEST_WITH_HIP). This is the only code in the tool that
-// is not the public C API.
+// Allocation, copies and synchronization all go through the public C API (kvarn_memory_alloc,
+// kvarn_memory_copy, kvarn_memory_free, kvarn_context_synchronize), so the tool links no vendor
+// runtime and runs on whatever backend the library was built with.
 #ifndef KVARN_TOOLS_SELFTEST_DEVICE_BUFFER_H_
 #define KVARN_TOOLS_SELFTEST_DEVICE_BUFFER_H_
 
 #include <cstddef>
 #include <string>
 
+#include "kvarn/kvarn.h"
+
 namespace kvarn_selftest {
 
-enum class MemoryKind { kHost, kCuda, kHip };
+// Waits for all work queued on the context's stream (a no-op on the CPU): GPU calls may return
+// before the work is done, so timings synchronize after each call.
+bool Synchronize(kvarn_context_t* context, std::string* error);
 
-// True when this build of the tool can allocate and copy memory of that kind.
-bool MemoryKindBuiltIn(MemoryKind kind);
-// "host", "cuda", "hip".
-const char* MemoryKindName(MemoryKind kind);
-// Selects device `ordinal` for later allocations (no-op for host memory).
-bool SelectDevice(MemoryKind kind, int ordinal, std::string* error);
-// Waits for all queued device work (no-op for host memory): GPU calls may return before the work
-// is done, so timings and read-backs synchronize first.
-bool Synchronize(MemoryKind kind, std::string* error);
-
-// A move-only buffer of `bytes` bytes in memory of one kind.
+// A move-only buffer of `bytes` bytes in the memory of one context. The context must outlive the
+// buffer (it frees through it).
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -37,11 +31,13 @@ class DeviceBuffer {
   DeviceBuffer(DeviceBuffer&& other) noexcept;
   DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
 
-  // Allocates (and releases any previous allocation). bytes may be 0 (data() is then NULL).
-  bool Allocate(MemoryKind kind, size_t bytes, std::string* error);
+  // Allocates in `context`'s memory and binds the buffer to it (releases any previous
+  // allocation first). bytes may be 0 (data() is then NULL).
+  bool Allocate(kvarn_context_t* context, size_t bytes, std::string* error);
   // Copies `bytes` bytes from host memory to this buffer at byte `offset`.
   bool Upload(const void* host, size_t bytes, std::string* error, size_t offset = 0);
-  // Copies `bytes` bytes of this buffer from byte `offset` into host memory (synchronizes).
+  // Copies `bytes` bytes of this buffer from byte `offset` into host memory. The copy is ordered
+  // after the work queued on the context's stream and complete on return.
   bool Download(void* host, size_t bytes, std::string* error, size_t offset = 0) const;
   // Sets every byte to `value`.
   bool Fill(unsigned char value, std::string* error);
@@ -57,7 +53,7 @@ class DeviceBuffer {
  private:
   void Release();
 
-  MemoryKind kind_ = MemoryKind::kHost;
+  kvarn_context_t* context_ = nullptr;
   void* data_ = nullptr;
   size_t bytes_ = 0;
 };

@@ -17,7 +17,6 @@
 #include <vector>
 
 #include "checks.h"
-#include "device_buffer.h"
 #include "kvarn/kvarn.h"
 #include "report.h"
 
@@ -129,17 +128,6 @@ std::string StatusMessage(kvarn_status_t status, const char* call) {
   return message;
 }
 
-MemoryKind MemoryKindOf(kvarn_backend_t backend) {
-  switch (backend) {
-    case KVARN_BACKEND_CUDA:
-      return MemoryKind::kCuda;
-    case KVARN_BACKEND_ROCM:
-      return MemoryKind::kHip;
-    default:
-      return MemoryKind::kHost;
-  }
-}
-
 std::string CpuFeatures(Report* report) {
   std::vector<char> buf(1024);
   for (;;) {
@@ -166,9 +154,9 @@ BackendReport* EntryFor(Report* report, kvarn_backend_t backend) {
   return &report->backends.back();
 }
 
-// Runs the sweep on one context. `explicit_request`: the user named this backend, so not being
-// able to run it is a failure, not a skip.
-void RunBackend(kvarn_context_t* context, bool explicit_request, const CommandLine& cl,
+// Runs the sweep on one context. Every buffer of the sweep lives in the context's memory
+// (kvarn_memory_alloc), on the context's device.
+void RunBackend(kvarn_context_t* context, const CommandLine& cl,
                 const std::vector<std::string>& presets, Report* report) {
   kvarn_backend_t backend = KVARN_BACKEND_AUTO;
   kvarn_status_t status = kvarn_context_get_backend(context, &backend);
@@ -192,6 +180,7 @@ void RunBackend(kvarn_context_t* context, bool explicit_request, const CommandLi
     return;
   }
   entry->threads = threads;
+  // Not needed to run (the context allocates on its own device), but part of the API checked.
   status = kvarn_context_get_device(context, &device);
   if (status != KVARN_OK) {
     report->errors.push_back(StatusMessage(status, "kvarn_context_get_device"));
@@ -208,20 +197,7 @@ void RunBackend(kvarn_context_t* context, bool explicit_request, const CommandLi
   BackendTarget target;
   target.context = context;
   target.name = entry->name;
-  target.memory = MemoryKindOf(backend);
   target.attention_tolerance = backend == KVARN_BACKEND_CPU ? 1e-3 : 2e-3;
-  std::string error;
-  if (!MemoryKindBuiltIn(target.memory)) {
-    entry->skipped = std::string("kvarn-selftest was built without the ") +
-                     MemoryKindName(target.memory) +
-                     " runtime, so it cannot allocate device memory for this backend";
-    if (explicit_request) report->errors.push_back(entry->name + ": " + entry->skipped);
-    return;
-  }
-  if (!SelectDevice(target.memory, device, &error)) {
-    report->errors.push_back(entry->name + ": " + error);
-    return;
-  }
   entry->ran = true;
   if (!cl.json) {
     std::printf("running on %s: ISA %s, %d thread%s\n\n", entry->name.c_str(), entry->isa.c_str(),
@@ -330,7 +306,7 @@ int Main(int argc, char** argv) {
                               StatusMessage(status, "kvarn_context_create"));
       continue;
     }
-    RunBackend(context, cl.backend_given, cl, presets, &report);
+    RunBackend(context, cl, presets, &report);
     kvarn_context_destroy(context);
   }
   bool any_ran = false;
