@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -116,6 +117,35 @@ void BM_Rotate(benchmark::State& state) {
   kvarn_context_destroy(ctx);
 }
 BENCHMARK(BM_Rotate)->UseRealTime();
+
+// The roofline for memory-bound kernels: a STREAM-like read of 256 MiB (sum of 64-bit words,
+// several independent accumulators), single thread and all threads.
+void BM_ReadBandwidth(benchmark::State& state) {
+  const size_t words = (256u << 20) / 8;
+  static std::vector<uint64_t> buf(words, 1);
+  const int threads = static_cast<int>(state.range(0));
+  for (auto _ : state) {
+    std::vector<uint64_t> partial(threads, 0);
+    std::vector<std::thread> pool;
+    for (int t = 0; t < threads; ++t) {
+      pool.emplace_back([&, t] {
+        const size_t b = words * t / threads, e = words * (t + 1) / threads;
+        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        for (size_t i = b; i + 4 <= e; i += 4) {
+          a0 += buf[i];
+          a1 += buf[i + 1];
+          a2 += buf[i + 2];
+          a3 += buf[i + 3];
+        }
+        partial[t] = a0 + a1 + a2 + a3;
+      });
+    }
+    for (auto& th : pool) th.join();
+    benchmark::DoNotOptimize(partial.data());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * words * 8));
+}
+BENCHMARK(BM_ReadBandwidth)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 }  // namespace
 
