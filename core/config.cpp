@@ -8,7 +8,7 @@ namespace kvarn {
 namespace {
 
 // The named presets of ALGORITHM.md section 2 (any k<b>v<b>_g<G> also parses).
-const char* const kPresets[] = {"k4v2_g128", "k4v2_g64", "k4v4_g128",
+const char* const kPresets[] = {"k4v2_g128", "k4v2_g64",  "k4v4_g128",
                                 "k4v4_g64",  "k2v2_g128", "k8v8_g128"};
 
 bool IsBits(int b) { return b == 2 || b == 4 || b == 8; }
@@ -62,8 +62,7 @@ Status ParseConfig(const kvarn_config_t* c, Config* out) {
                        " unsupported (64, 128, 256, 512)");
   }
   if (!IsTile(c->tile_tokens)) {
-    return Unsupported("tile_tokens " + std::to_string(c->tile_tokens) +
-                       " unsupported (64, 128)");
+    return Unsupported("tile_tokens " + std::to_string(c->tile_tokens) + " unsupported (64, 128)");
   }
   if (!IsBits(c->key_bits) || !IsBits(c->value_bits)) {
     return Unsupported("key_bits/value_bits " + std::to_string(c->key_bits) + "/" +
@@ -100,8 +99,8 @@ Status ConfigFromPreset(const char* name, int32_t head_dim, kvarn_config_t* conf
   int kb = 0, vb = 0, g = 0;
   char tail = 0;
   // Exactly "k<bits>v<bits>_g<tile>", nothing after it.
-  if (std::sscanf(name, "k%dv%d_g%d%c", &kb, &vb, &g, &tail) != 3 || !IsBits(kb) ||
-      !IsBits(vb) || !IsTile(g)) {
+  if (std::sscanf(name, "k%dv%d_g%d%c", &kb, &vb, &g, &tail) != 3 || !IsBits(kb) || !IsBits(vb) ||
+      !IsTile(g)) {
     return {KVARN_ERR_NOT_FOUND, std::string("unknown preset '") + name +
                                      "' (expected k<2|4|8>v<2|4|8>_g<64|128>, e.g. k4v2_g128)"};
   }

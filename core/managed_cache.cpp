@@ -158,8 +158,8 @@ void ManagedCache::DropTiles(int layer, SeqLayer& s, int64_t first_tile) {
     }
   }
   s.table.resize(std::min<size_t>(s.table.size(), first_tile));
-  s.record_tiles = static_cast<int32_t>(std::max<int64_t>(
-      0, std::min<int64_t>(s.record_tiles, first_tile - cfg_.sink_tiles)));
+  s.record_tiles = static_cast<int32_t>(
+      std::max<int64_t>(0, std::min<int64_t>(s.record_tiles, first_tile - cfg_.sink_tiles)));
 }
 
 PagedKV ManagedCache::View(int layer, int batch, const int32_t* table, int32_t max_blocks,
@@ -202,8 +202,8 @@ Status ManagedCache::FlushCommitted(Txn& t, SeqLayer& s) {
   return Status::Ok();
 }
 
-Status ManagedCache::AppendTokens(Txn& t, SeqLayer& s, size_t n, kvarn_dtype_t dtype,
-                                  const void* k, const void* v, bool commit) {
+Status ManagedCache::AppendTokens(Txn& t, SeqLayer& s, size_t n, kvarn_dtype_t dtype, const void* k,
+                                  const void* v, bool commit) {
   const int G = cfg_.G;
   const size_t row_bytes = static_cast<size_t>(Hk_) * cfg_.D * DtypeSize(dtype);
   size_t done = 0;
@@ -224,8 +224,8 @@ Status ManagedCache::AppendTokens(Txn& t, SeqLayer& s, size_t n, kvarn_dtype_t d
     const int32_t len32 = static_cast<int32_t>(s.len);
     const int32_t rt = s.record_tiles;
     const int32_t indptr[2] = {0, static_cast<int32_t>(chunk)};
-    const PagedKV kv = View(t.layer, 1, s.table.data(), static_cast<int32_t>(s.table.size()),
-                            &len32, &rt);
+    const PagedKV kv =
+        View(t.layer, 1, s.table.data(), static_cast<int32_t>(s.table.size()), &len32, &rt);
     KVARN_RETURN_IF_ERROR(OpPagedAppend(ctx_, cfg_, kv, indptr, dtype,
                                         static_cast<const uint8_t*>(k) + done * row_bytes,
                                         static_cast<const uint8_t*>(v) + done * row_bytes));
@@ -244,8 +244,8 @@ Status ManagedCache::CheckCut(const SeqLayer& s, int64_t n, const char* what) co
   if (n % G != 0 && IsRecordTile(s, n / G)) {
     return InvalidState(std::string(what) + " to " + std::to_string(n) +
                         " tokens would split tile " + std::to_string(n / G) +
-                        ", which is already quantized; cut at a multiple of " +
-                        std::to_string(G) + " tokens or inside the fp16 tail");
+                        ", which is already quantized; cut at a multiple of " + std::to_string(G) +
+                        " tokens or inside the fp16 tail");
   }
   return Status::Ok();
 }
@@ -313,7 +313,8 @@ Status ManagedCache::Fork(int64_t src_id, int64_t dst_id, int64_t n) {
     }
     KVARN_RETURN_IF_ERROR(CheckCut(sl, keep[l], "forking"));
     int64_t pages_needed = 0;
-    for (int64_t tile = 0; tile < CeilDiv(keep[l], G); ++tile) pages_needed += !IsRecordTile(sl, tile);
+    for (int64_t tile = 0; tile < CeilDiv(keep[l], G); ++tile)
+      pages_needed += !IsRecordTile(sl, tile);
     if (pages_needed > static_cast<int64_t>(layers_[l].free_pages.size())) {
       return {KVARN_ERR_CAPACITY, "not enough free pages in layer " + std::to_string(l)};
     }
@@ -456,8 +457,8 @@ Status ManagedCache::Attention(int layer, size_t n_seqs, const int64_t* ids,
     lens[i] = static_cast<int32_t>(rows[i]->len);
     rts[i] = rows[i]->record_tiles;
   }
-  const PagedKV kv = View(layer, static_cast<int>(n_seqs), table.data(), max_blocks, lens.data(),
-                          rts.data());
+  const PagedKV kv =
+      View(layer, static_cast<int>(n_seqs), table.data(), max_blocks, lens.data(), rts.data());
   const size_t total_q = args.q_indptr ? static_cast<size_t>(args.q_indptr[n_seqs]) : n_seqs;
   size_t ws_bytes = 0;
   KVARN_RETURN_IF_ERROR(OpAttentionWorkspace(ctx_, cfg_, kv, args, total_q, &ws_bytes));
@@ -496,7 +497,8 @@ Status ManagedCache::Stats(kvarn_cache_stats_t* st) const {
   r.records = blocks * Hk_;
   r.pages = pages;
   r.bytes_used = blocks * block_bytes + pages * page_bytes;
-  r.bytes_capacity = static_cast<int64_t>(L_) * (num_blocks_ * block_bytes + num_pages_ * page_bytes);
+  r.bytes_capacity =
+      static_cast<int64_t>(L_) * (num_blocks_ * block_bytes + num_pages_ * page_bytes);
   r.fp16_bytes = r.tokens * Hk_ * cfg_.D * 2 * 2;
   r.compression_ratio = r.bytes_used > 0 ? static_cast<double>(r.fp16_bytes) / r.bytes_used : 0.0;
   *st = r;
@@ -562,9 +564,8 @@ Status ManagedCache::Export(int64_t id, void* buffer, size_t buffer_bytes,
   *out_bytes = total;
   if (buffer == nullptr) return Status::Ok();
   if (buffer_bytes < total) {
-    return {KVARN_ERR_BUFFER_TOO_SMALL,
-            "export needs " + std::to_string(total) + " bytes, buffer has " +
-                std::to_string(buffer_bytes)};
+    return {KVARN_ERR_BUFFER_TOO_SMALL, "export needs " + std::to_string(total) +
+                                            " bytes, buffer has " + std::to_string(buffer_bytes)};
   }
   std::vector<uint8_t> blob(total);  // staged: the caller's buffer is written only when complete
   BlobHeader h{};
@@ -579,7 +580,8 @@ Status ManagedCache::Export(int64_t id, void* buffer, size_t buffer_bytes,
   size_t off = sizeof h;
   for (const SeqLayer& sl : s->layers) {
     const int64_t tiles = CeilDiv(sl.len, G);
-    BlobLayer bl{sl.len, sl.committed, sl.record_tiles, static_cast<int32_t>(tiles - sl.record_tiles)};
+    BlobLayer bl{sl.len, sl.committed, sl.record_tiles,
+                 static_cast<int32_t>(tiles - sl.record_tiles)};
     std::memcpy(blob.data() + off, &bl, sizeof bl);
     off += sizeof bl;
   }
@@ -592,8 +594,8 @@ Status ManagedCache::Export(int64_t id, void* buffer, size_t buffer_bytes,
       for (int h2 = 0; h2 < Hk_; ++h2) {
         const uint8_t* src = static_cast<const uint8_t*>(L.records) +
                              (static_cast<size_t>(sl.table[tile]) * Hk_ + h2) * record_stride_;
-        KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, blob.data() + off, src, rb,
-                                              CopyKind::kDeviceToHost));
+        KVARN_RETURN_IF_ERROR(
+            ctx_->ops->copy(ctx_, blob.data() + off, src, rb, CopyKind::kDeviceToHost));
         off += rb;
       }
     }
@@ -601,8 +603,8 @@ Status ManagedCache::Export(int64_t id, void* buffer, size_t buffer_bytes,
       if (IsRecordTile(sl, tile)) continue;
       for (const void* pool : {L.k_pages, L.v_pages}) {
         const uint8_t* src = static_cast<const uint8_t*>(pool) + sl.table[tile] * page_bytes;
-        KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, blob.data() + off, src, page_bytes,
-                                              CopyKind::kDeviceToHost));
+        KVARN_RETURN_IF_ERROR(
+            ctx_->ops->copy(ctx_, blob.data() + off, src, page_bytes, CopyKind::kDeviceToHost));
         off += page_bytes;
       }
     }
@@ -683,7 +685,8 @@ Status ManagedCache::Import(int64_t id, const void* blob_ptr, size_t n) {
       L.block_refs[b] = 1;
       sl.table[tile] = b;
       for (int h2 = 0; h2 < Hk_; ++h2) {
-        uint8_t* dst = static_cast<uint8_t*>(L.records) + (static_cast<size_t>(b) * Hk_ + h2) * record_stride_;
+        uint8_t* dst =
+            static_cast<uint8_t*>(L.records) + (static_cast<size_t>(b) * Hk_ + h2) * record_stride_;
         KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, dst, blob + off, rb, CopyKind::kHostToDevice));
         off += rb;
       }

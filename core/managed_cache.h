@@ -68,8 +68,8 @@ class ManagedCache {
   bool IsRecordTile(const SeqLayer& s, int64_t tile) const;
   // Drops tiles [first_tile, end) of s: pages back to the pool, block references released.
   void DropTiles(int layer, SeqLayer& s, int64_t first_tile);
-  PagedKV View(int layer, int batch, const int32_t* table, int32_t max_blocks,
-               const int32_t* lens, const int32_t* record_tiles) const;
+  PagedKV View(int layer, int batch, const int32_t* table, int32_t max_blocks, const int32_t* lens,
+               const int32_t* record_tiles) const;
   Status AllocPage(Txn& t, int32_t* page);
   Status AllocBlock(Txn& t, int32_t* block);
   void ReleasePage(Txn& t, int32_t page);

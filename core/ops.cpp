@@ -29,10 +29,13 @@ bool IsValidDtype(kvarn_dtype_t dtype) {
 
 size_t DtypeSize(kvarn_dtype_t dtype) {
   switch (dtype) {
-    case KVARN_DTYPE_F32: return 4;
+    case KVARN_DTYPE_F32:
+      return 4;
     case KVARN_DTYPE_F16:
-    case KVARN_DTYPE_BF16: return 2;
-    default: return 0;
+    case KVARN_DTYPE_BF16:
+      return 2;
+    default:
+      return 0;
   }
 }
 
@@ -107,8 +110,8 @@ Status ParsePagedKV(const kvarn_paged_kv_t* in, const Config& cfg, PagedKV* out)
   if (in->num_pages > 0 && (in->k_pages == nullptr || in->v_pages == nullptr)) {
     return InvalidArgument("k_pages or v_pages is NULL");
   }
-  if (in->batch > 0 && (in->block_table == nullptr || in->seq_lens == nullptr ||
-                        in->record_tiles == nullptr)) {
+  if (in->batch > 0 &&
+      (in->block_table == nullptr || in->seq_lens == nullptr || in->record_tiles == nullptr)) {
     return InvalidArgument("block_table, seq_lens or record_tiles is NULL");
   }
   PagedKV kv;
@@ -128,8 +131,8 @@ Status ParsePagedKV(const kvarn_paged_kv_t* in, const Config& cfg, PagedKV* out)
   return Status::Ok();
 }
 
-Status ParseAttentionParams(const kvarn_attention_params_t* in, const Config& cfg,
-                            int num_kv_heads, AttentionArgs* out) {
+Status ParseAttentionParams(const kvarn_attention_params_t* in, const Config& cfg, int num_kv_heads,
+                            AttentionArgs* out) {
   if (in == nullptr) return InvalidArgument("attention params are NULL");
   if (in->size != sizeof(kvarn_attention_params_t)) {
     return InvalidArgument("params->size mismatch (use kvarn_attention_params_defaults)");

@@ -14,7 +14,7 @@ namespace {
 struct Entry {
   kvarn_backend_t kind;
   const char* name;
-  const BackendOps* ops;      // NULL when not compiled in
+  const BackendOps* ops;       // NULL when not compiled in
   const char* missing_reason;  // why ops is NULL
 };
 
@@ -22,7 +22,8 @@ const Entry kEntries[] = {
     {KVARN_BACKEND_CPU, "cpu", &cpu::kCpuBackend, ""},
     {KVARN_BACKEND_CUDA, "cuda", nullptr,
      "not built: the CUDA backend is not part of this release yet"},
-    {KVARN_BACKEND_ROCM, "rocm", nullptr, "not built: the ROCm (HIP) backend is not implemented yet"},
+    {KVARN_BACKEND_ROCM, "rocm", nullptr,
+     "not built: the ROCm (HIP) backend is not implemented yet"},
 };
 
 constexpr int kNumEntries = static_cast<int>(sizeof kEntries / sizeof kEntries[0]);
@@ -68,7 +69,8 @@ Status CreateContext(const kvarn_context_options_t& o, std::unique_ptr<Context>*
   } else {
     entry = Find(o.backend);
     if (entry == nullptr) {
-      return InvalidArgument("unknown backend value " + std::to_string(static_cast<int>(o.backend)));
+      return InvalidArgument("unknown backend value " +
+                             std::to_string(static_cast<int>(o.backend)));
     }
     if (entry->ops == nullptr) {
       return {KVARN_ERR_BACKEND_UNAVAILABLE,

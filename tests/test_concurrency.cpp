@@ -16,7 +16,7 @@ struct Result {
 
 // Quantizes tiles with the codec and runs decode attention through a managed cache.
 Result RunPipeline(int num_threads, const std::vector<float>& k, const std::vector<float>& v,
-           const std::vector<float>& q, size_t tokens) {
+                   const std::vector<float>& q, size_t tokens) {
   const int D = 128, Hk = 2, Hq = 14;  // GQA 7
   Result r;
   kvarn_context_options_t o;
@@ -38,7 +38,8 @@ Result RunPipeline(int num_threads, const std::vector<float>& k, const std::vect
     std::copy(&v[t * Hk * D], &v[t * Hk * D] + D, &v0[t * D]);
   }
   EXPECT_EQ(kvarn_quantize(ctx, &cfg, tiles, KVARN_DTYPE_F32, k0.data(), v0.data(), 0,
-                           r.records.data(), rb), KVARN_OK);
+                           r.records.data(), rb),
+            KVARN_OK);
   kvarn_cache_options_t co;
   kvarn_cache_options_defaults(&co);
   co.config = cfg;

@@ -98,8 +98,7 @@ class CacheTest : public ::testing::Test {
     kvarn_attention_params_defaults(&p);
     p.num_q_heads = kHq;
     std::vector<float> out(kHq * D_, -7.f);
-    EXPECT_EQ(kvarn_cache_attention(c, layer, 1, &id, &p, q.data(), out.data(), nullptr),
-              KVARN_OK)
+    EXPECT_EQ(kvarn_cache_attention(c, layer, 1, &id, &p, q.data(), out.data(), nullptr), KVARN_OK)
         << kvarn_last_error();
     return out;
   }
@@ -121,8 +120,7 @@ class CacheTest : public ::testing::Test {
   // Expected number of records: every complete, committed, non-sink tile, per head and layer.
   int64_t ExpectedRecords(int64_t committed) const {
     const int G = opts_.config.tile_tokens;
-    return std::max<int64_t>(0, committed / G - opts_.config.sink_tiles) * kHk *
-           opts_.num_layers;
+    return std::max<int64_t>(0, committed / G - opts_.config.sink_tiles) * kHk * opts_.num_layers;
   }
 
   // Float64 attention over the plain model: records' tiles quantized with the codec from the
@@ -140,14 +138,18 @@ class CacheTest : public ::testing::Test {
         // fp16 in the cache frame, then back to the unrotated frame (H is an involution).
         std::vector<uint16_t> half(D_);
         const size_t off = (i * kHk + h) * D_;
-        EXPECT_EQ(kvarn_rotate(ctx_.ctx, D_, 1, KVARN_DTYPE_F32, &t.k[off], KVARN_DTYPE_F16,
-                               half.data()), KVARN_OK);
-        EXPECT_EQ(kvarn_rotate(ctx_.ctx, D_, 1, KVARN_DTYPE_F16, half.data(), KVARN_DTYPE_F32,
-                               &K[off]), KVARN_OK);
-        EXPECT_EQ(kvarn_rotate(ctx_.ctx, D_, 1, KVARN_DTYPE_F32, &t.v[off], KVARN_DTYPE_F16,
-                               half.data()), KVARN_OK);
-        EXPECT_EQ(kvarn_rotate(ctx_.ctx, D_, 1, KVARN_DTYPE_F16, half.data(), KVARN_DTYPE_F32,
-                               &V[off]), KVARN_OK);
+        EXPECT_EQ(
+            kvarn_rotate(ctx_.ctx, D_, 1, KVARN_DTYPE_F32, &t.k[off], KVARN_DTYPE_F16, half.data()),
+            KVARN_OK);
+        EXPECT_EQ(
+            kvarn_rotate(ctx_.ctx, D_, 1, KVARN_DTYPE_F16, half.data(), KVARN_DTYPE_F32, &K[off]),
+            KVARN_OK);
+        EXPECT_EQ(
+            kvarn_rotate(ctx_.ctx, D_, 1, KVARN_DTYPE_F32, &t.v[off], KVARN_DTYPE_F16, half.data()),
+            KVARN_OK);
+        EXPECT_EQ(
+            kvarn_rotate(ctx_.ctx, D_, 1, KVARN_DTYPE_F16, half.data(), KVARN_DTYPE_F32, &V[off]),
+            KVARN_OK);
       }
     }
     size_t rb;
@@ -162,10 +164,12 @@ class CacheTest : public ::testing::Test {
           std::copy(&t.v[off], &t.v[off] + D_, &vt[j * D_]);
         }
         std::vector<uint8_t> rec(rb);
-        EXPECT_EQ(kvarn_quantize(ctx_.ctx, &opts_.config, 1, KVARN_DTYPE_F32, kt.data(),
-                                 vt.data(), 0, rec.data(), rb), KVARN_OK);
+        EXPECT_EQ(kvarn_quantize(ctx_.ctx, &opts_.config, 1, KVARN_DTYPE_F32, kt.data(), vt.data(),
+                                 0, rec.data(), rb),
+                  KVARN_OK);
         EXPECT_EQ(kvarn_dequantize(ctx_.ctx, &opts_.config, 1, rec.data(), rb, 0, KVARN_DTYPE_F32,
-                                   kt.data(), vt.data()), KVARN_OK);
+                                   kt.data(), vt.data()),
+                  KVARN_OK);
         for (int j = 0; j < G; ++j) {
           const size_t off = ((tile * G + j) * kHk + h) * D_;
           std::copy(&kt[j * D_], &kt[j * D_] + D_, &K[off]);
@@ -405,7 +409,8 @@ TEST_F(CacheTest, ExportImportRoundTripIsExact) {
   ASSERT_EQ(kvarn_cache_import_sequence(other, 5, blob.data(), blob.size()), KVARN_OK)
       << kvarn_last_error();
   const auto q = Query();
-  for (int l = 0; l < opts_.num_layers; ++l) EXPECT_EQ(Decode(other, 5, l, q), Decode(cache_, 1, l, q));
+  for (int l = 0; l < opts_.num_layers; ++l)
+    EXPECT_EQ(Decode(other, 5, l, q), Decode(cache_, 1, l, q));
   int64_t len = 0, committed = 0;
   ASSERT_EQ(kvarn_cache_sequence_length(other, 5, 0, &len, &committed), KVARN_OK);
   EXPECT_EQ(len, 333);
@@ -535,7 +540,8 @@ TEST_F(CacheTest, BadArgumentsGiveStatusesAndChangeNothing) {
   EXPECT_EQ(Append(cache_, 1, 2, t), KVARN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(Append(cache_, 1, -1, t), KVARN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kvarn_cache_append(cache_, 1, 0, 10, static_cast<kvarn_dtype_t>(9), t.k.data(),
-                               t.v.data(), 0), KVARN_ERR_INVALID_ARGUMENT);
+                               t.v.data(), 0),
+            KVARN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kvarn_cache_append(cache_, 1, 0, 10, KVARN_DTYPE_F32, t.k.data(), t.v.data(), 8u),
             KVARN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kvarn_cache_append(cache_, 1, 0, 10, KVARN_DTYPE_F32, nullptr, t.v.data(), 0),

@@ -61,9 +61,8 @@ Status Rotate(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const vo
   return Status::Ok();
 }
 
-Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype,
-                const void* k, const void* v, uint32_t flags, void* records,
-                size_t record_stride) {
+Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype, const void* k,
+                const void* v, uint32_t flags, void* records, size_t record_stride) {
   const int D = cfg.D, G = cfg.G;
   const size_t rb = cfg.record_bytes();
   const bool cache_frame = flags & KVARN_CODEC_CACHE_FRAME;
@@ -106,8 +105,7 @@ Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t d
 }
 
 Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* records,
-                  size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k,
-                  void* v) {
+                  size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k, void* v) {
   const int D = cfg.D, G = cfg.G;
   const bool cache_frame = flags & KVARN_CODEC_CACHE_FRAME;
   ctx->pool->ParallelFor(n_tiles, [&](size_t tile) {
@@ -176,8 +174,8 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
                                std::to_string(pos) + " is beyond max_blocks_per_seq");
       }
       if (tile >= cfg.sink_tiles && tile < cfg.sink_tiles + kv.record_tiles[b]) {
-        return InvalidArgument("sequence " + std::to_string(b) + ": tile " +
-                               std::to_string(tile) + " is a record tile, not a page");
+        return InvalidArgument("sequence " + std::to_string(b) + ": tile " + std::to_string(tile) +
+                               " is a record tile, not a page");
       }
       const int32_t page = kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + tile];
       if (page < 0 || page >= kv.num_pages) {
@@ -200,8 +198,8 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
           bool finite = true;
           for (int d = 0; d < D; ++d) finite = finite && std::isfinite(row[d]);
           return {finite ? KVARN_ERR_OVERFLOW : KVARN_ERR_NON_FINITE,
-                  std::string(which ? "v" : "k") + " of token " + std::to_string(tok) +
-                      ", head " + std::to_string(h) +
+                  std::string(which ? "v" : "k") + " of token " + std::to_string(tok) + ", head " +
+                      std::to_string(h) +
                       (finite ? " exceeds the fp16 range" : " holds a NaN or Inf")};
         }
       }
@@ -213,8 +211,7 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
   for (int b = 0; b < kv.batch; ++b) {
     for (int32_t i = indptr[b]; i < indptr[b + 1]; ++i) {
       const int64_t pos = kv.seq_lens[b] + (i - indptr[b]);
-      const int32_t page =
-          kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + pos / G];
+      const int32_t page = kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + pos / G];
       for (int h = 0; h < Hk; ++h) {
         const size_t dst = page * page_elems + (static_cast<size_t>(h) * G + pos % G) * D;
         const size_t src = (static_cast<size_t>(i) * Hk + h) * D;
@@ -231,8 +228,8 @@ Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_t
   const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads;
   for (size_t i = 0; i < n_tiles; ++i) {
     if (src_pages[i] < 0 || src_pages[i] >= kv.num_pages) {
-      return InvalidArgument("src_pages[" + std::to_string(i) + "] = " +
-                             std::to_string(src_pages[i]) + " is outside the page pool");
+      return InvalidArgument("src_pages[" + std::to_string(i) +
+                             "] = " + std::to_string(src_pages[i]) + " is outside the page pool");
     }
     if (dst_blocks[i] < 0 || dst_blocks[i] >= kv.num_record_blocks) {
       return InvalidArgument("dst_blocks[" + std::to_string(i) + "] = " +
@@ -246,11 +243,11 @@ Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_t
     const size_t tile = item / Hk, h = item % Hk;
     TileScratch s;
     const size_t off = src_pages[tile] * page_elems + h * G * D;
-    Status r = QuantizeRecord(cfg, kv.k_pages + off, kv.v_pages + off, staged.data() + item * rb,
-                              s);
+    Status r =
+        QuantizeRecord(cfg, kv.k_pages + off, kv.v_pages + off, staged.data() + item * rb, s);
     if (!r.ok()) {
-      return {r.code(), "page " + std::to_string(src_pages[tile]) + ", head " +
-                            std::to_string(h) + ": " + r.message()};
+      return {r.code(), "page " + std::to_string(src_pages[tile]) + ", head " + std::to_string(h) +
+                            ": " + r.message()};
     }
     return r;
   });

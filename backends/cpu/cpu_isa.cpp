@@ -83,10 +83,14 @@ const kvarn_cpu_isa_t kOrder[] = {KVARN_CPU_ISA_AVX512, KVARN_CPU_ISA_AVX2, KVAR
 
 int Rank(kvarn_cpu_isa_t isa) {
   switch (isa) {
-    case KVARN_CPU_ISA_AVX512: return 3;
-    case KVARN_CPU_ISA_AVX2: return 2;
-    case KVARN_CPU_ISA_NEON: return 2;
-    default: return 0;
+    case KVARN_CPU_ISA_AVX512:
+      return 3;
+    case KVARN_CPU_ISA_AVX2:
+      return 2;
+    case KVARN_CPU_ISA_NEON:
+      return 2;
+    default:
+      return 0;
   }
 }
 
@@ -95,11 +99,16 @@ int Rank(kvarn_cpu_isa_t isa) {
 bool CpuHasIsa(kvarn_cpu_isa_t isa) {
   const Features& f = GetFeatures();
   switch (isa) {
-    case KVARN_CPU_ISA_SCALAR: return true;
-    case KVARN_CPU_ISA_AVX2: return f.avx2 && f.fma && f.f16c;
-    case KVARN_CPU_ISA_AVX512: return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
-    case KVARN_CPU_ISA_NEON: return f.neon;
-    default: return false;
+    case KVARN_CPU_ISA_SCALAR:
+      return true;
+    case KVARN_CPU_ISA_AVX2:
+      return f.avx2 && f.fma && f.f16c;
+    case KVARN_CPU_ISA_AVX512:
+      return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq;
+    case KVARN_CPU_ISA_NEON:
+      return f.neon;
+    default:
+      return false;
   }
 }
 
@@ -157,12 +166,18 @@ Status SetMaxIsa(kvarn_cpu_isa_t isa) {
 
 const char* IsaName(kvarn_cpu_isa_t isa) {
   switch (isa) {
-    case KVARN_CPU_ISA_SCALAR: return "scalar";
-    case KVARN_CPU_ISA_AVX2: return "avx2";
-    case KVARN_CPU_ISA_AVX512: return "avx512";
-    case KVARN_CPU_ISA_NEON: return "neon";
-    case KVARN_CPU_ISA_NONE: return "none";
-    default: return "unknown";
+    case KVARN_CPU_ISA_SCALAR:
+      return "scalar";
+    case KVARN_CPU_ISA_AVX2:
+      return "avx2";
+    case KVARN_CPU_ISA_AVX512:
+      return "avx512";
+    case KVARN_CPU_ISA_NEON:
+      return "neon";
+    case KVARN_CPU_ISA_NONE:
+      return "none";
+    default:
+      return "unknown";
   }
 }
 

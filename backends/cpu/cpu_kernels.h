@@ -9,20 +9,19 @@ namespace cpu {
 
 Status Rotate(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const void* in,
               kvarn_dtype_t out_dtype, void* out);
-Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype,
-                const void* k, const void* v, uint32_t flags, void* records, size_t record_stride);
+Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype, const void* k,
+                const void* v, uint32_t flags, void* records, size_t record_stride);
 Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* records,
-                  size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k,
-                  void* v);
+                  size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k, void* v);
 Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int32_t* token_indptr,
                    kvarn_dtype_t dtype, const void* k, const void* v);
 Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
                   const int32_t* src_pages, const int32_t* dst_blocks);
 Status AttentionWorkspace(Context* ctx, const Config& cfg, const PagedKV& kv,
                           const AttentionArgs& args, size_t total_q, size_t* bytes);
-Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv,
-                      const AttentionArgs& args, const void* q, void* out, float* lse,
-                      void* workspace, size_t workspace_bytes);
+Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
+                      const void* q, void* out, float* lse, void* workspace,
+                      size_t workspace_bytes);
 
 // Checks the block table of a paged cache against the pools (host memory): every tile of every
 // sequence names an in-range page or record block, and the token counts fit the table.

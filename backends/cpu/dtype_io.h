@@ -12,17 +12,26 @@ namespace cpu {
 
 inline float LoadElement(kvarn_dtype_t dtype, const void* base, size_t i) {
   switch (dtype) {
-    case KVARN_DTYPE_F16: return half_to_float(static_cast<const uint16_t*>(base)[i]);
-    case KVARN_DTYPE_BF16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
+    case KVARN_DTYPE_F16:
+      return half_to_float(static_cast<const uint16_t*>(base)[i]);
+    case KVARN_DTYPE_BF16:
+      return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
   }
 }
 
 inline void StoreElement(kvarn_dtype_t dtype, void* base, size_t i, float x) {
   switch (dtype) {
-    case KVARN_DTYPE_F16: static_cast<uint16_t*>(base)[i] = float_to_half(x); break;
-    case KVARN_DTYPE_BF16: static_cast<uint16_t*>(base)[i] = float_to_bf16(x); break;
-    default: static_cast<float*>(base)[i] = x; break;
+    case KVARN_DTYPE_F16:
+      static_cast<uint16_t*>(base)[i] = float_to_half(x);
+      break;
+    case KVARN_DTYPE_BF16:
+      static_cast<uint16_t*>(base)[i] = float_to_bf16(x);
+      break;
+    default:
+      static_cast<float*>(base)[i] = x;
+      break;
   }
 }
 

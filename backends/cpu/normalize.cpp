@@ -51,8 +51,8 @@ float Imbalance(const float* X, int R, int C) {
   return cmax / std::max(cmin, kImbalanceFloor) + rmax / std::max(rmin, kImbalanceFloor);
 }
 
-NormalizeResult NormalizeTile(const float* M, int R, int C, int iterations, float* s_r,
-                              float* s_c, std::vector<float>& X) {
+NormalizeResult NormalizeTile(const float* M, int R, int C, int iterations, float* s_r, float* s_c,
+                              std::vector<float>& X) {
   NormalizeResult res;
   std::vector<float> lc(C, 0.f), lr(R, 0.f), ec(C, 1.f), er(R, 1.f);
   std::vector<float> best_lc(C, 0.f), best_lr(R, 0.f);

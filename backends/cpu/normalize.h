@@ -22,8 +22,8 @@ struct NormalizeResult {
 
 // M: R x C row-major fp32. Writes the row scales s_r [R] and column scales s_c [C] of the best
 // iterate; X is scratch of R*C floats. With iterations == 0 the scales are 1.
-NormalizeResult NormalizeTile(const float* M, int R, int C, int iterations, float* s_r,
-                              float* s_c, std::vector<float>& X);
+NormalizeResult NormalizeTile(const float* M, int R, int C, int iterations, float* s_r, float* s_c,
+                              std::vector<float>& X);
 
 }  // namespace cpu
 }  // namespace kvarn

@@ -163,9 +163,8 @@ Status AttentionWorkspace(Context*, const Config&, const PagedKV&, const Attenti
   return Status::Ok();
 }
 
-Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv,
-                      const AttentionArgs& args, const void* q, void* out, float* lse, void*,
-                      size_t) {
+Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
+                      const void* q, void* out, float* lse, void*, size_t) {
   const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads, Hq = args.num_q_heads;
   const int group = Hq / Hk;
   KVARN_RETURN_IF_ERROR(CheckPagedTables(cfg, kv));

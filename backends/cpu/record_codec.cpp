@@ -75,7 +75,8 @@ Status QuantizeRecord(const Config& cfg, const uint16_t* k_tile, const uint16_t*
 
   // K: rows = channels d, columns = tokens t.
   for (int d = 0; d < D; ++d) {
-    for (int t = 0; t < G; ++t) s.M[static_cast<size_t>(d) * G + t] = half_to_float(k_tile[t * D + d]);
+    for (int t = 0; t < G; ++t)
+      s.M[static_cast<size_t>(d) * G + t] = half_to_float(k_tile[t * D + d]);
   }
   KVARN_RETURN_IF_ERROR(QuantizeMatrix(s.M.data(), D, G, cfg.key_bits, cfg.k_normalize,
                                        cfg.iterations, s, s.codes.data(), a.data(), z.data(),
@@ -107,7 +108,8 @@ void DequantizeRecord(const Config& cfg, const uint8_t* record, float* k, float*
       const float a = half_to_float(ReadU16(record + L.offset[KVARN_FIELD_K_SCALE] + 2 * d));
       const float z = half_to_float(ReadU16(record + L.offset[KVARN_FIELD_K_ZERO] + 2 * d));
       for (int t = 0; t < G; ++t) {
-        const float c = half_to_float(ReadU16(record + L.offset[KVARN_FIELD_K_TOKEN_SCALE] + 2 * t));
+        const float c =
+            half_to_float(ReadU16(record + L.offset[KVARN_FIELD_K_TOKEN_SCALE] + 2 * t));
         k[t * D + d] = (codes[static_cast<size_t>(d) * G + t] * a + z) * c;
       }
     }

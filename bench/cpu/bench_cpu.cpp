@@ -32,7 +32,9 @@ std::vector<float> Randn(size_t n, unsigned seed) {
 // Quantize: records per second, D128, args: threads, preset index.
 void BM_Quantize(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
-  const char* preset = state.range(1) == 0 ? "k4v2_g128" : state.range(1) == 1 ? "k4v4_g128" : "k4v2_g64";
+  const char* preset = state.range(1) == 0   ? "k4v2_g128"
+                       : state.range(1) == 1 ? "k4v4_g128"
+                                             : "k4v2_g64";
   kvarn_context_t* ctx = MakeContext(threads);
   kvarn_config_t cfg;
   kvarn_config_from_preset(preset, 128, &cfg);
@@ -53,7 +55,10 @@ void BM_Quantize(benchmark::State& state) {
   state.SetLabel(preset);
   kvarn_context_destroy(ctx);
 }
-BENCHMARK(BM_Quantize)->ArgsProduct({{1, 2}, {0, 1, 2}})->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Quantize)
+    ->ArgsProduct({{1, 2}, {0, 1, 2}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // Decode attention through the managed cache: Hq 32, Hk 8, D128, k4v2_g128; args: context, batch.
 void BM_DecodeAttention(benchmark::State& state) {
@@ -98,12 +103,16 @@ void BM_DecodeAttention(benchmark::State& state) {
   s.size = sizeof s;
   kvarn_cache_get_stats(cache, &s);
   state.counters["cache_MB"] = static_cast<double>(s.bytes_used) / 1e6;
-  state.counters["read_GB/s"] = benchmark::Counter(static_cast<double>(s.bytes_used) * state.iterations() / 1e9,
-                                                   benchmark::Counter::kIsRate);
+  state.counters["read_GB/s"] = benchmark::Counter(
+      static_cast<double>(s.bytes_used) * state.iterations() / 1e9, benchmark::Counter::kIsRate);
   kvarn_cache_destroy(cache);
   kvarn_context_destroy(ctx);
 }
-BENCHMARK(BM_DecodeAttention)->Args({4096, 1})->Args({32768, 1})->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_DecodeAttention)
+    ->Args({4096, 1})
+    ->Args({32768, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // Hadamard rotation of fp16 rows (D128): the cache's append path.
 void BM_Rotate(benchmark::State& state) {

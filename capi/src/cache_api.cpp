@@ -113,9 +113,8 @@ kvarn_status_t kvarn_cache_sequence_length(const kvarn_cache_t* cache, int64_t s
 }
 
 kvarn_status_t kvarn_cache_attention(kvarn_cache_t* cache, int32_t layer, size_t n_seqs,
-                                     const int64_t* seq_ids,
-                                     const kvarn_attention_params_t* params, const void* q,
-                                     void* out, float* lse) {
+                                     const int64_t* seq_ids, const kvarn_attention_params_t* params,
+                                     const void* q, void* out, float* lse) {
   return Guard([&]() -> Status {
     KVARN_RETURN_IF_ERROR(NeedCache(cache));
     return cache->impl->Attention(layer, n_seqs, seq_ids, params, q, out, lse);
@@ -129,17 +128,16 @@ kvarn_status_t kvarn_cache_get_stats(const kvarn_cache_t* cache, kvarn_cache_sta
   });
 }
 
-kvarn_status_t kvarn_cache_export_sequence(const kvarn_cache_t* cache, int64_t seq_id,
-                                           void* buffer, size_t buffer_bytes,
-                                           size_t* out_bytes) {
+kvarn_status_t kvarn_cache_export_sequence(const kvarn_cache_t* cache, int64_t seq_id, void* buffer,
+                                           size_t buffer_bytes, size_t* out_bytes) {
   return Guard([&]() -> Status {
     KVARN_RETURN_IF_ERROR(NeedCache(cache));
     return cache->impl->Export(seq_id, buffer, buffer_bytes, out_bytes);
   });
 }
 
-kvarn_status_t kvarn_cache_import_sequence(kvarn_cache_t* cache, int64_t seq_id,
-                                           const void* blob, size_t blob_bytes) {
+kvarn_status_t kvarn_cache_import_sequence(kvarn_cache_t* cache, int64_t seq_id, const void* blob,
+                                           size_t blob_bytes) {
   return Guard([&]() -> Status {
     KVARN_RETURN_IF_ERROR(NeedCache(cache));
     return cache->impl->Import(seq_id, blob, blob_bytes);

@@ -89,8 +89,7 @@ kvarn_status_t kvarn_quantize(kvarn_context_t* context, const kvarn_config_t* co
 
 kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_config_t* config,
                                 size_t n_tiles, const void* records, size_t record_stride,
-                                uint32_t flags, kvarn_dtype_t out_dtype, void* k_out,
-                                void* v_out) {
+                                uint32_t flags, kvarn_dtype_t out_dtype, void* k_out, void* v_out) {
   return Guard([&]() -> Status {
     KVARN_RETURN_IF_ERROR(NeedContext(context));
     Config c;

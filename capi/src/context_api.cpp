@@ -44,11 +44,16 @@ kvarn_status_t kvarn_backend_get_info(int32_t index, kvarn_backend_info_t* info)
 
 const char* kvarn_backend_name(kvarn_backend_t backend) {
   switch (backend) {
-    case KVARN_BACKEND_AUTO: return "auto";
-    case KVARN_BACKEND_CPU: return "cpu";
-    case KVARN_BACKEND_CUDA: return "cuda";
-    case KVARN_BACKEND_ROCM: return "rocm";
-    default: return "unknown";
+    case KVARN_BACKEND_AUTO:
+      return "auto";
+    case KVARN_BACKEND_CPU:
+      return "cpu";
+    case KVARN_BACKEND_CUDA:
+      return "cuda";
+    case KVARN_BACKEND_ROCM:
+      return "rocm";
+    default:
+      return "unknown";
   }
 }
 
@@ -174,11 +179,18 @@ kvarn_status_t kvarn_memory_copy(kvarn_context_t* c, void* dst, const void* src,
     KVARN_RETURN_IF_ERROR(NeedContext(c));
     kvarn::CopyKind k;
     switch (kind) {
-      case KVARN_COPY_HOST_TO_DEVICE: k = kvarn::CopyKind::kHostToDevice; break;
-      case KVARN_COPY_DEVICE_TO_HOST: k = kvarn::CopyKind::kDeviceToHost; break;
-      case KVARN_COPY_DEVICE_TO_DEVICE: k = kvarn::CopyKind::kDeviceToDevice; break;
+      case KVARN_COPY_HOST_TO_DEVICE:
+        k = kvarn::CopyKind::kHostToDevice;
+        break;
+      case KVARN_COPY_DEVICE_TO_HOST:
+        k = kvarn::CopyKind::kDeviceToHost;
+        break;
+      case KVARN_COPY_DEVICE_TO_DEVICE:
+        k = kvarn::CopyKind::kDeviceToDevice;
+        break;
       default:
-        return kvarn::InvalidArgument("unknown copy kind " + std::to_string(static_cast<int>(kind)));
+        return kvarn::InvalidArgument("unknown copy kind " +
+                                      std::to_string(static_cast<int>(kind)));
     }
     if (bytes == 0) return Status::Ok();
     if (dst == nullptr || src == nullptr) return kvarn::InvalidArgument("dst or src is NULL");

@@ -41,22 +41,38 @@ uint32_t kvarn_abi_version(void) { return KVARN_ABI_VERSION; }
 
 const char* kvarn_status_string(kvarn_status_t s) {
   switch (s) {
-    case KVARN_OK: return "ok";
-    case KVARN_ERR_INVALID_ARGUMENT: return "invalid argument";
-    case KVARN_ERR_UNSUPPORTED: return "unsupported";
-    case KVARN_ERR_OUT_OF_MEMORY: return "out of memory";
-    case KVARN_ERR_BACKEND_UNAVAILABLE: return "backend unavailable";
-    case KVARN_ERR_NON_FINITE: return "non-finite input";
-    case KVARN_ERR_OVERFLOW: return "value exceeds fp16 range";
-    case KVARN_ERR_CAPACITY: return "capacity exceeded";
-    case KVARN_ERR_NOT_FOUND: return "not found";
-    case KVARN_ERR_ALREADY_EXISTS: return "already exists";
-    case KVARN_ERR_CORRUPT_DATA: return "corrupt data";
-    case KVARN_ERR_BUFFER_TOO_SMALL: return "buffer too small";
-    case KVARN_ERR_INVALID_STATE: return "invalid state";
-    case KVARN_ERR_DEVICE: return "device error";
-    case KVARN_ERR_INTERNAL: return "internal error";
-    default: return "unknown status";
+    case KVARN_OK:
+      return "ok";
+    case KVARN_ERR_INVALID_ARGUMENT:
+      return "invalid argument";
+    case KVARN_ERR_UNSUPPORTED:
+      return "unsupported";
+    case KVARN_ERR_OUT_OF_MEMORY:
+      return "out of memory";
+    case KVARN_ERR_BACKEND_UNAVAILABLE:
+      return "backend unavailable";
+    case KVARN_ERR_NON_FINITE:
+      return "non-finite input";
+    case KVARN_ERR_OVERFLOW:
+      return "value exceeds fp16 range";
+    case KVARN_ERR_CAPACITY:
+      return "capacity exceeded";
+    case KVARN_ERR_NOT_FOUND:
+      return "not found";
+    case KVARN_ERR_ALREADY_EXISTS:
+      return "already exists";
+    case KVARN_ERR_CORRUPT_DATA:
+      return "corrupt data";
+    case KVARN_ERR_BUFFER_TOO_SMALL:
+      return "buffer too small";
+    case KVARN_ERR_INVALID_STATE:
+      return "invalid state";
+    case KVARN_ERR_DEVICE:
+      return "device error";
+    case KVARN_ERR_INTERNAL:
+      return "internal error";
+    default:
+      return "unknown status";
   }
 }
 

@@ -71,20 +71,20 @@ KVARN_API uint32_t kvarn_abi_version(void);
 
 typedef enum kvarn_status {
   KVARN_OK = 0,
-  KVARN_ERR_INVALID_ARGUMENT = 1,  /* NULL pointer, bad size, bad value */
-  KVARN_ERR_UNSUPPORTED = 2,       /* valid but unsupported (shape, dtype, bits, backend op) */
-  KVARN_ERR_OUT_OF_MEMORY = 3,     /* an allocation failed */
-  KVARN_ERR_BACKEND_UNAVAILABLE = 4, /* backend not built or no device present */
-  KVARN_ERR_NON_FINITE = 5,        /* NaN or Inf in an input */
-  KVARN_ERR_OVERFLOW = 6,          /* a value or scale does not fit fp16 */
-  KVARN_ERR_CAPACITY = 7,          /* a managed cache limit would be exceeded */
-  KVARN_ERR_NOT_FOUND = 8,         /* unknown sequence id, preset name, index */
-  KVARN_ERR_ALREADY_EXISTS = 9,    /* sequence id already in use */
-  KVARN_ERR_CORRUPT_DATA = 10,     /* blob truncated, bit-flipped or of another version */
-  KVARN_ERR_BUFFER_TOO_SMALL = 11, /* output or workspace buffer too small */
-  KVARN_ERR_INVALID_STATE = 12,    /* operation not allowed in the current state */
-  KVARN_ERR_DEVICE = 13,           /* a device (CUDA/HIP) call failed; message has details */
-  KVARN_ERR_INTERNAL = 14,         /* a bug: please report */
+  KVARN_ERR_INVALID_ARGUMENT = 1,     /* NULL pointer, bad size, bad value */
+  KVARN_ERR_UNSUPPORTED = 2,          /* valid but unsupported (shape, dtype, bits, backend op) */
+  KVARN_ERR_OUT_OF_MEMORY = 3,        /* an allocation failed */
+  KVARN_ERR_BACKEND_UNAVAILABLE = 4,  /* backend not built or no device present */
+  KVARN_ERR_NON_FINITE = 5,           /* NaN or Inf in an input */
+  KVARN_ERR_OVERFLOW = 6,             /* a value or scale does not fit fp16 */
+  KVARN_ERR_CAPACITY = 7,             /* a managed cache limit would be exceeded */
+  KVARN_ERR_NOT_FOUND = 8,            /* unknown sequence id, preset name, index */
+  KVARN_ERR_ALREADY_EXISTS = 9,       /* sequence id already in use */
+  KVARN_ERR_CORRUPT_DATA = 10,        /* blob truncated, bit-flipped or of another version */
+  KVARN_ERR_BUFFER_TOO_SMALL = 11,    /* output or workspace buffer too small */
+  KVARN_ERR_INVALID_STATE = 12,       /* operation not allowed in the current state */
+  KVARN_ERR_DEVICE = 13,              /* a device (CUDA/HIP) call failed; message has details */
+  KVARN_ERR_INTERNAL = 14,            /* a bug: please report */
   KVARN_STATUS_SENTINEL_ = 0x7fffffff /* pins the enum to 32 bits */
 } kvarn_status_t;
 
@@ -132,12 +132,12 @@ typedef enum kvarn_cpu_isa {
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct kvarn_backend_info {
-  size_t size;           /* sizeof(kvarn_backend_info_t); set by the caller */
+  size_t size; /* sizeof(kvarn_backend_info_t); set by the caller */
   kvarn_backend_t backend;
-  const char* name;      /* "cpu", "cuda", "rocm"; static storage */
-  int32_t available;     /* 1 if contexts can be created on it */
-  int32_t device_count;  /* devices found (1 for the CPU) */
-  const char* reason;    /* why not available ("" when available); static storage */
+  const char* name;     /* "cpu", "cuda", "rocm"; static storage */
+  int32_t available;    /* 1 if contexts can be created on it */
+  int32_t device_count; /* devices found (1 for the CPU) */
+  const char* reason;   /* why not available ("" when available); static storage */
 } kvarn_backend_info_t;
 
 /* Number of backends libkvarn knows (built or not); indexes run 0..count-1. */
@@ -194,8 +194,7 @@ KVARN_API kvarn_status_t kvarn_context_get_num_threads(const kvarn_context_t* co
 /* Memory in the context's address space (device memory of the context's device for GPU
  * backends, 64-byte aligned host memory for the CPU), for callers that have no allocator of
  * their own (bindings, tools). Free with kvarn_memory_free (NULL is a no-op). */
-KVARN_API kvarn_status_t kvarn_memory_alloc(kvarn_context_t* context, size_t bytes,
-                                            void** out_ptr);
+KVARN_API kvarn_status_t kvarn_memory_alloc(kvarn_context_t* context, size_t bytes, void** out_ptr);
 KVARN_API void kvarn_memory_free(kvarn_context_t* context, void* ptr);
 
 typedef enum kvarn_copy_kind {
@@ -249,14 +248,14 @@ KVARN_API kvarn_status_t kvarn_config_validate(const kvarn_config_t* config);
 
 /* Record fields in storage order (ALGORITHM.md section 7). */
 typedef enum kvarn_record_field {
-  KVARN_FIELD_K_CODES = 0, /* D rows x G codes of bK bits */
-  KVARN_FIELD_K_SCALE = 1, /* a: fp16 [D] */
-  KVARN_FIELD_K_ZERO = 2,  /* z: fp16 [D] */
-  KVARN_FIELD_K_TOKEN_SCALE = 3, /* c: fp16 [G] */
-  KVARN_FIELD_V_CODES = 4, /* G rows x D codes of bV bits */
+  KVARN_FIELD_K_CODES = 0,         /* D rows x G codes of bK bits */
+  KVARN_FIELD_K_SCALE = 1,         /* a: fp16 [D] */
+  KVARN_FIELD_K_ZERO = 2,          /* z: fp16 [D] */
+  KVARN_FIELD_K_TOKEN_SCALE = 3,   /* c: fp16 [G] */
+  KVARN_FIELD_V_CODES = 4,         /* G rows x D codes of bV bits */
   KVARN_FIELD_V_CHANNEL_SCALE = 5, /* c': fp16 [D] */
-  KVARN_FIELD_V_SCALE = 6, /* a': fp16 [G] */
-  KVARN_FIELD_V_ZERO = 7,  /* z': fp16 [G] */
+  KVARN_FIELD_V_SCALE = 6,         /* a': fp16 [G] */
+  KVARN_FIELD_V_ZERO = 7,          /* z': fp16 [G] */
   KVARN_FIELD_COUNT = 8,
   KVARN_FIELD_SENTINEL_ = 0x7fffffff
 } kvarn_record_field_t;
@@ -300,14 +299,14 @@ KVARN_API kvarn_status_t kvarn_quantize(kvarn_context_t* context, const kvarn_co
                                         const void* v, uint32_t flags, void* records,
                                         size_t record_stride);
 
-/* Reconstructs tiles from records: K'[t,d] = (code*a_d + z_d)*c_t, V'[t,d] = (code*a'_t + z'_t)*c'_d,
- * then un-rotates (unless KVARN_CODEC_CACHE_FRAME or the tensor was not rotated).
+/* Reconstructs tiles from records: K'[t,d] = (code*a_d + z_d)*c_t, V'[t,d] = (code*a'_t +
+ * z'_t)*c'_d, then un-rotates (unless KVARN_CODEC_CACHE_FRAME or the tensor was not rotated).
  * records: n_tiles records record_stride bytes apart; k_out, v_out: [n_tiles][G][D] of out_dtype
  * (either may be NULL to skip it). */
 KVARN_API kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_config_t* config,
-                                          size_t n_tiles, const void* records,
-                                          size_t record_stride, uint32_t flags,
-                                          kvarn_dtype_t out_dtype, void* k_out, void* v_out);
+                                          size_t n_tiles, const void* records, size_t record_stride,
+                                          uint32_t flags, kvarn_dtype_t out_dtype, void* k_out,
+                                          void* v_out);
 
 /* ---------------------------------------------------------------------------------------------
  * Layer 2: paged attention over engine-owned memory
@@ -326,19 +325,19 @@ KVARN_API kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct kvarn_paged_kv {
-  size_t size;                   /* sizeof(kvarn_paged_kv_t) */
-  int32_t num_kv_heads;          /* Hk */
-  int32_t batch;                 /* number of sequences */
-  void* records;                 /* record pool, num_record_blocks * Hk * record_stride bytes */
-  size_t record_stride;          /* bytes between records (>= kvarn_record_bytes, multiple of 2)*/
-  int32_t num_record_blocks;     /* blocks in the record pool (bounds check) */
-  void* k_pages;                 /* fp16 [num_pages][Hk][G][D] */
-  void* v_pages;                 /* fp16 [num_pages][Hk][G][D] */
-  int32_t num_pages;             /* pages in each page pool (bounds check) */
-  const int32_t* block_table;    /* [batch][max_blocks_per_seq] (context memory) */
-  int32_t max_blocks_per_seq;    /* row stride of block_table */
-  const int32_t* seq_lens;       /* [batch] tokens N_b in the cache (context memory) */
-  const int32_t* record_tiles;   /* [batch] tiles held as records (context memory) */
+  size_t size;                 /* sizeof(kvarn_paged_kv_t) */
+  int32_t num_kv_heads;        /* Hk */
+  int32_t batch;               /* number of sequences */
+  void* records;               /* record pool, num_record_blocks * Hk * record_stride bytes */
+  size_t record_stride;        /* bytes between records (>= kvarn_record_bytes, multiple of 2)*/
+  int32_t num_record_blocks;   /* blocks in the record pool (bounds check) */
+  void* k_pages;               /* fp16 [num_pages][Hk][G][D] */
+  void* v_pages;               /* fp16 [num_pages][Hk][G][D] */
+  int32_t num_pages;           /* pages in each page pool (bounds check) */
+  const int32_t* block_table;  /* [batch][max_blocks_per_seq] (context memory) */
+  int32_t max_blocks_per_seq;  /* row stride of block_table */
+  const int32_t* seq_lens;     /* [batch] tokens N_b in the cache (context memory) */
+  const int32_t* record_tiles; /* [batch] tiles held as records (context memory) */
 } kvarn_paged_kv_t;
 
 KVARN_API void kvarn_paged_kv_defaults(kvarn_paged_kv_t* kv);
@@ -350,9 +349,8 @@ KVARN_API void kvarn_paged_kv_defaults(kvarn_paged_kv_t* kv);
  * token_indptr: [batch+1] int32 (host); k, v: [token_indptr[batch]][Hk][D] of dtype.
  * Non-finite or fp16-overflowing inputs fail with nothing written. */
 KVARN_API kvarn_status_t kvarn_paged_append(kvarn_context_t* context, const kvarn_config_t* config,
-                                            const kvarn_paged_kv_t* kv,
-                                            const int32_t* token_indptr, kvarn_dtype_t dtype,
-                                            const void* k, const void* v);
+                                            const kvarn_paged_kv_t* kv, const int32_t* token_indptr,
+                                            kvarn_dtype_t dtype, const void* k, const void* v);
 
 /* Quantizes n_tiles complete fp16 pages into record blocks: page src_pages[i] (all Hk heads)
  * -> record block dst_blocks[i]. Only kv->num_kv_heads, pools, strides and counts are read.
@@ -362,15 +360,15 @@ KVARN_API kvarn_status_t kvarn_paged_flush(kvarn_context_t* context, const kvarn
                                            const int32_t* src_pages, const int32_t* dst_blocks);
 
 typedef struct kvarn_attention_params {
-  size_t size;               /* sizeof(kvarn_attention_params_t) */
-  int32_t num_q_heads;       /* Hq, a multiple of Hk; query head h reads KV head h / (Hq/Hk) */
-  float scale;               /* softmax scale; 0 = 1/sqrt(D) (default 0) */
-  const int32_t* q_indptr;   /* [batch+1] query tokens per sequence (host), or NULL = decode
-                                (one query token per sequence). Query i of n_b attends to keys
-                                [0, N_b - n_b + i] (causal, aligned to the sequence end). */
-  kvarn_dtype_t q_dtype;     /* dtype of q */
-  kvarn_dtype_t out_dtype;   /* dtype of out */
-  int32_t num_splits;        /* split-K partitions per (sequence, KV head); 0 = automatic */
+  size_t size;             /* sizeof(kvarn_attention_params_t) */
+  int32_t num_q_heads;     /* Hq, a multiple of Hk; query head h reads KV head h / (Hq/Hk) */
+  float scale;             /* softmax scale; 0 = 1/sqrt(D) (default 0) */
+  const int32_t* q_indptr; /* [batch+1] query tokens per sequence (host), or NULL = decode
+                              (one query token per sequence). Query i of n_b attends to keys
+                              [0, N_b - n_b + i] (causal, aligned to the sequence end). */
+  kvarn_dtype_t q_dtype;   /* dtype of q */
+  kvarn_dtype_t out_dtype; /* dtype of out */
+  int32_t num_splits;      /* split-K partitions per (sequence, KV head); 0 = automatic */
 } kvarn_attention_params_t;
 
 KVARN_API void kvarn_attention_params_defaults(kvarn_attention_params_t* params);
@@ -409,12 +407,12 @@ KVARN_API kvarn_status_t kvarn_paged_attention(kvarn_context_t* context,
 typedef struct kvarn_cache kvarn_cache_t;
 
 typedef struct kvarn_cache_options {
-  size_t size;             /* sizeof(kvarn_cache_options_t) */
-  kvarn_config_t config;   /* the quantization config (default: kvarn_config_defaults) */
-  int32_t num_layers;      /* >= 1 (default 1) */
-  int32_t num_kv_heads;    /* Hk >= 1 (default 8) */
-  int64_t max_tokens;      /* capacity in tokens over all sequences (default 65536) */
-  int32_t max_sequences;   /* (default 256) */
+  size_t size;           /* sizeof(kvarn_cache_options_t) */
+  kvarn_config_t config; /* the quantization config (default: kvarn_config_defaults) */
+  int32_t num_layers;    /* >= 1 (default 1) */
+  int32_t num_kv_heads;  /* Hk >= 1 (default 8) */
+  int64_t max_tokens;    /* capacity in tokens over all sequences (default 65536) */
+  int32_t max_sequences; /* (default 256) */
 } kvarn_cache_options_t;
 
 KVARN_API void kvarn_cache_options_defaults(kvarn_cache_options_t* options);
@@ -451,8 +449,7 @@ KVARN_API kvarn_status_t kvarn_cache_append(kvarn_cache_t* cache, int64_t seq_id
 /* Commits the first n_tokens tokens of the sequence in every layer (every layer must hold at
  * least n_tokens; committing fewer than already committed is INVALID_ARGUMENT). Completed tiles
  * are quantized. Speculative tokens beyond n_tokens stay speculative. */
-KVARN_API kvarn_status_t kvarn_cache_commit(kvarn_cache_t* cache, int64_t seq_id,
-                                            int64_t n_tokens);
+KVARN_API kvarn_status_t kvarn_cache_commit(kvarn_cache_t* cache, int64_t seq_id, int64_t n_tokens);
 
 /* Tokens in one layer of a sequence (committed + speculative) and the committed count. */
 KVARN_API kvarn_status_t kvarn_cache_sequence_length(const kvarn_cache_t* cache, int64_t seq_id,
@@ -462,22 +459,22 @@ KVARN_API kvarn_status_t kvarn_cache_sequence_length(const kvarn_cache_t* cache,
 /* Attention for one layer over n_seqs sequences (decode when params->q_indptr is NULL, extend
  * otherwise). q: [total_q_tokens][Hq][D], out likewise, lse [total_q_tokens][Hq] or NULL, all in
  * the context's memory; seq_ids: [n_seqs] (host). */
-KVARN_API kvarn_status_t kvarn_cache_attention(kvarn_cache_t* cache, int32_t layer,
-                                               size_t n_seqs, const int64_t* seq_ids,
+KVARN_API kvarn_status_t kvarn_cache_attention(kvarn_cache_t* cache, int32_t layer, size_t n_seqs,
+                                               const int64_t* seq_ids,
                                                const kvarn_attention_params_t* params,
                                                const void* q, void* out, float* lse);
 
 typedef struct kvarn_cache_stats {
-  size_t size;               /* sizeof(kvarn_cache_stats_t) */
+  size_t size; /* sizeof(kvarn_cache_stats_t) */
   int64_t sequences;
-  int64_t tokens;            /* summed over sequences and layers */
-  int64_t committed_tokens;  /* summed over sequences and layers */
-  int64_t records;           /* distinct records in use (one per tile per KV head per layer) */
-  int64_t pages;             /* fp16 pages in use */
-  int64_t bytes_used;        /* record + page bytes in use */
-  int64_t bytes_capacity;    /* bytes reserved by the pools */
-  int64_t fp16_bytes;        /* bytes the same tokens take as an fp16 K/V cache */
-  double compression_ratio;  /* fp16_bytes / bytes_used (0 when empty) */
+  int64_t tokens;           /* summed over sequences and layers */
+  int64_t committed_tokens; /* summed over sequences and layers */
+  int64_t records;          /* distinct records in use (one per tile per KV head per layer) */
+  int64_t pages;            /* fp16 pages in use */
+  int64_t bytes_used;       /* record + page bytes in use */
+  int64_t bytes_capacity;   /* bytes reserved by the pools */
+  int64_t fp16_bytes;       /* bytes the same tokens take as an fp16 K/V cache */
+  double compression_ratio; /* fp16_bytes / bytes_used (0 when empty) */
 } kvarn_cache_stats_t;
 
 /* stats->size must be set by the caller. */
