@@ -87,8 +87,8 @@ class Golden : public ::testing::TestWithParam<GoldenEntry> {
     ctx_ = kvt::MakeCpuContext();
     ASSERT_NE(ctx_, nullptr);
     ours_.assign(g.tiles * g.record_bytes, 0);
-    KVT_ASSERT_OK(kvarn_quantize(ctx_.get(), &cfg_, g.tiles, KVARN_DTYPE_F16, k_.data(),
-                                 v_.data(), KVARN_CODEC_DEFAULT, ours_.data(), g.record_bytes));
+    KVT_ASSERT_OK(kvarn_quantize(ctx_.get(), &cfg_, g.tiles, KVARN_DTYPE_F16, k_.data(), v_.data(),
+                                 KVARN_CODEC_DEFAULT, ours_.data(), g.record_bytes));
   }
 
   // The cache-frame input: each token rotated (fp32 product) and rounded to fp16, by

@@ -145,9 +145,8 @@ void CheckRotation(const RotateParam& p, const std::vector<float>& x_in, const v
       ASSERT_LE(std::fabs(g - e), fp32_err + ulp)
           << "row " << r << " channel " << d << " got " << g << " exact " << e;
       if (p.out != KVARN_DTYPE_F32) {
-        const double rounded = p.out == KVARN_DTYPE_F16
-                                   ? kvt::HalfToDouble(kvt::DoubleToHalf(e))
-                                   : kvt::Bf16ToDouble(kvt::DoubleToBf16(e));
+        const double rounded = p.out == KVARN_DTYPE_F16 ? kvt::HalfToDouble(kvt::DoubleToHalf(e))
+                                                        : kvt::Bf16ToDouble(kvt::DoubleToBf16(e));
         if (g != rounded) ++off_by_one;
       }
     }
@@ -195,10 +194,10 @@ TEST(RotateEdges, RotatingTwiceRestoresInput) {
     const size_t rows = 64;
     const std::vector<float> x = kvt::MakeTokens(rng, rows, D, kvt::KVShape{});
     std::vector<float> y = x;
-    KVT_ASSERT_OK(kvarn_rotate(ctx.get(), D, rows, KVARN_DTYPE_F32, y.data(), KVARN_DTYPE_F32,
-                               y.data()));
-    KVT_ASSERT_OK(kvarn_rotate(ctx.get(), D, rows, KVARN_DTYPE_F32, y.data(), KVARN_DTYPE_F32,
-                               y.data()));
+    KVT_ASSERT_OK(
+        kvarn_rotate(ctx.get(), D, rows, KVARN_DTYPE_F32, y.data(), KVARN_DTYPE_F32, y.data()));
+    KVT_ASSERT_OK(
+        kvarn_rotate(ctx.get(), D, rows, KVARN_DTYPE_F32, y.data(), KVARN_DTYPE_F32, y.data()));
     for (size_t r = 0; r < rows; ++r) {
       std::vector<float> a(x.begin() + r * D, x.begin() + (r + 1) * D);
       std::vector<float> b(y.begin() + r * D, y.begin() + (r + 1) * D);
@@ -244,15 +243,16 @@ std::vector<RotateParam> RotateParamsWhere(bool (*keep)(const RotateParam&)) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, Rotate, ::testing::ValuesIn(RotateParams()), RotateName);
-INSTANTIATE_TEST_SUITE_P(
-    SameDtype, RotateInPlace,
-    ::testing::ValuesIn(RotateParamsWhere([](const RotateParam& p) { return p.in == p.out; })),
-    RotateName);
-INSTANTIATE_TEST_SUITE_P(
-    F32In, RotateF32,
-    ::testing::ValuesIn(
-        RotateParamsWhere([](const RotateParam& p) { return p.in == KVARN_DTYPE_F32; })),
-    RotateName);
+INSTANTIATE_TEST_SUITE_P(SameDtype, RotateInPlace,
+                         ::testing::ValuesIn(RotateParamsWhere([](const RotateParam& p) {
+                           return p.in == p.out;
+                         })),
+                         RotateName);
+INSTANTIATE_TEST_SUITE_P(F32In, RotateF32,
+                         ::testing::ValuesIn(RotateParamsWhere([](const RotateParam& p) {
+                           return p.in == KVARN_DTYPE_F32;
+                         })),
+                         RotateName);
 
 TEST(RotateEdges, ZeroRowsIsANoOp) {
   auto ctx = kvt::MakeCpuContext();
@@ -266,8 +266,8 @@ TEST(RotateEdges, UnitVectorsGiveScaledSylvesterRows) {
   for (int D : {64, 128, 256, 512}) {
     std::vector<float> eye(static_cast<size_t>(D) * D, 0.f);
     for (int i = 0; i < D; ++i) eye[static_cast<size_t>(i) * D + i] = 1.f;
-    KVT_ASSERT_OK(kvarn_rotate(ctx.get(), D, D, KVARN_DTYPE_F32, eye.data(), KVARN_DTYPE_F32,
-                               eye.data()));
+    KVT_ASSERT_OK(
+        kvarn_rotate(ctx.get(), D, D, KVARN_DTYPE_F32, eye.data(), KVARN_DTYPE_F32, eye.data()));
     const std::vector<int> syl = kvt::SylvesterMatrix(D);
     const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     for (size_t e = 0; e < eye.size(); ++e) ASSERT_EQ(eye[e], syl[e] * s) << "D" << D << " " << e;

@@ -65,11 +65,11 @@ TEST(Half, NamedCases) {
   EXPECT_EQ(float_to_half(0.f), 0x0000);
   EXPECT_EQ(float_to_half(-0.f), 0x8000);
   EXPECT_EQ(float_to_half(1.f), 0x3c00);
-  EXPECT_EQ(float_to_half(1.f + 0x1p-11f), 0x3c00);         // tie -> even (down)
-  EXPECT_EQ(float_to_half(1.f + 3 * 0x1p-11f), 0x3c02);     // tie -> even (up)
-  EXPECT_EQ(float_to_half(65504.f), 0x7bff);                // largest finite half
-  EXPECT_EQ(float_to_half(65519.996f), 0x7bff);             // just below the overflow midpoint
-  EXPECT_EQ(float_to_half(65520.f), 0x7c00);                // the midpoint rounds to inf (even)
+  EXPECT_EQ(float_to_half(1.f + 0x1p-11f), 0x3c00);      // tie -> even (down)
+  EXPECT_EQ(float_to_half(1.f + 3 * 0x1p-11f), 0x3c02);  // tie -> even (up)
+  EXPECT_EQ(float_to_half(65504.f), 0x7bff);             // largest finite half
+  EXPECT_EQ(float_to_half(65519.996f), 0x7bff);          // just below the overflow midpoint
+  EXPECT_EQ(float_to_half(65520.f), 0x7c00);             // the midpoint rounds to inf (even)
   EXPECT_EQ(float_to_half(-65520.f), 0xfc00);
   EXPECT_EQ(float_to_half(1e10f), 0x7c00);
   EXPECT_EQ(float_to_half(std::numeric_limits<float>::max()), 0x7c00);
@@ -79,13 +79,13 @@ TEST(Half, NamedCases) {
   EXPECT_EQ(float_to_half(0x1p-24f), 0x0001);
   EXPECT_EQ(float_to_half(0x1p-25f), 0x0000);
   EXPECT_EQ(float_to_half(std::nextafter(0x1p-25f, 1.f)), 0x0001);
-  EXPECT_EQ(float_to_half(1.5f * 0x1p-24f), 0x0002);        // tie between 1 and 2 units -> 2
-  EXPECT_EQ(float_to_half(2.5f * 0x1p-24f), 0x0002);        // tie between 2 and 3 units -> 2
-  EXPECT_EQ(float_to_half(0x1p-14f - 0x1p-25f), 0x0400);    // tie at the normal boundary -> even
-  EXPECT_EQ(float_to_half(0x1p-14f), 0x0400);               // smallest normal
+  EXPECT_EQ(float_to_half(1.5f * 0x1p-24f), 0x0002);      // tie between 1 and 2 units -> 2
+  EXPECT_EQ(float_to_half(2.5f * 0x1p-24f), 0x0002);      // tie between 2 and 3 units -> 2
+  EXPECT_EQ(float_to_half(0x1p-14f - 0x1p-25f), 0x0400);  // tie at the normal boundary -> even
+  EXPECT_EQ(float_to_half(0x1p-14f), 0x0400);             // smallest normal
   EXPECT_EQ(float_to_half(1e-30f), 0x0000);
   EXPECT_EQ(float_to_half(-1e-30f), 0x8000);
-  EXPECT_EQ(float_to_half(F(0x00000001u)), 0x0000);         // float subnormal
+  EXPECT_EQ(float_to_half(F(0x00000001u)), 0x0000);  // float subnormal
   EXPECT_TRUE(kvt::HalfIsNan(float_to_half(NAN)));
   EXPECT_TRUE(kvt::HalfIsNan(float_to_half(F(0x7f800001u))));  // signalling NaN stays NaN
   EXPECT_TRUE(kvt::HalfIsNan(float_to_half(F(0xff800001u))));
@@ -112,8 +112,7 @@ TEST(Half, FloatToHalfMatchesOracleOverFloatSweep) {
     uint16_t hwb;
     std::memcpy(&hwb, &hw, 2);
     if (got != hwb && mismatches++ < 10) {
-      ADD_FAILURE() << "float 0x" << std::hex << u << ": got 0x" << got << ", _Float16 0x"
-                    << hwb;
+      ADD_FAILURE() << "float 0x" << std::hex << u << ": got 0x" << got << ", _Float16 0x" << hwb;
     }
 #endif
   }
@@ -151,14 +150,14 @@ TEST(Bf16, ExhaustiveBf16FloatBf16RoundTrip) {
 
 TEST(Bf16, RoundsToNearestEven) {
   EXPECT_EQ(float_to_bf16(1.f), 0x3f80);
-  EXPECT_EQ(float_to_bf16(1.f + 0x1p-8f), 0x3f80);        // tie -> even (down)
-  EXPECT_EQ(float_to_bf16(1.f + 3 * 0x1p-8f), 0x3f82);    // tie -> even (up)
+  EXPECT_EQ(float_to_bf16(1.f + 0x1p-8f), 0x3f80);      // tie -> even (down)
+  EXPECT_EQ(float_to_bf16(1.f + 3 * 0x1p-8f), 0x3f82);  // tie -> even (up)
   EXPECT_EQ(float_to_bf16(std::nextafter(1.f + 0x1p-8f, 2.f)), 0x3f81);
   EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7f80);  // rounds up to inf
   EXPECT_EQ(float_to_bf16(-std::numeric_limits<float>::max()), 0xff80);
-  EXPECT_EQ(float_to_bf16(F(0x7f7f7fffu)), 0x7f7f);       // below the midpoint: finite
-  EXPECT_EQ(float_to_bf16(F(0x00008000u)), 0x0000);       // subnormal tie -> even (0)
-  EXPECT_EQ(float_to_bf16(F(0x00018000u)), 0x0002);       // subnormal tie -> even (2)
+  EXPECT_EQ(float_to_bf16(F(0x7f7f7fffu)), 0x7f7f);  // below the midpoint: finite
+  EXPECT_EQ(float_to_bf16(F(0x00008000u)), 0x0000);  // subnormal tie -> even (0)
+  EXPECT_EQ(float_to_bf16(F(0x00018000u)), 0x0002);  // subnormal tie -> even (2)
   EXPECT_EQ(float_to_bf16(F(0x00008001u)), 0x0001);
   EXPECT_EQ(float_to_bf16(-0.f), 0x8000);
   EXPECT_EQ(float_to_bf16(INFINITY), 0x7f80);

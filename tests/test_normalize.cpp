@@ -57,15 +57,14 @@ Iterates RunLoop(const std::vector<float>& M, int R, int C, int T) {
   it.lr.push_back(lr);
   for (int t = 0; t < T; ++t) {
     for (int j = 0; j < C; ++j) {
-      lc[j] = Clampf(lc[j] + std::log(Clampf(SampleStd(X.data() + j, R, C), 1e-3f, 1e3f)), -0.3f,
-                     10.f);
+      lc[j] =
+          Clampf(lc[j] + std::log(Clampf(SampleStd(X.data() + j, R, C), 1e-3f, 1e3f)), -0.3f, 10.f);
     }
     apply();
     for (int i = 0; i < R; ++i) {
-      lr[i] = Clampf(
-          lr[i] + std::log(Clampf(SampleStd(X.data() + static_cast<size_t>(i) * C, C, 1), 1e-3f,
-                                  1e3f)),
-          -0.3f, 10.f);
+      lr[i] = Clampf(lr[i] + std::log(Clampf(SampleStd(X.data() + static_cast<size_t>(i) * C, C, 1),
+                                             1e-3f, 1e3f)),
+                     -0.3f, 10.f);
     }
     apply();
     it.imb.push_back(Imbalance(X.data(), R, C));
@@ -79,11 +78,11 @@ struct Shape {
   int R, C;
 };
 // K tiles are D x G, V tiles G x D (ALGORITHM.md section 4).
-const Shape kShapes[] = {{128, 128}, {64, 128}, {128, 64}, {256, 128}, {128, 256},
-                         {512, 64},  {64, 512}, {64, 64}};
+const Shape kShapes[] = {{128, 128}, {64, 128}, {128, 64}, {256, 128},
+                         {128, 256}, {512, 64}, {64, 512}, {64, 64}};
 
-std::vector<float> Balanced(const std::vector<float>& M, int R, int C, const std::vector<float>& s_r,
-                            const std::vector<float>& s_c) {
+std::vector<float> Balanced(const std::vector<float>& M, int R, int C,
+                            const std::vector<float>& s_r, const std::vector<float>& s_c) {
   std::vector<float> B(M.size());
   for (int i = 0; i < R; ++i) {
     for (int j = 0; j < C; ++j) {
@@ -100,7 +99,7 @@ TEST(SampleStd, IsTheUnbiasedStandardDeviation) {
   EXPECT_FLOAT_EQ(SampleStd(strided, 4, 2), std::sqrt(5.0f / 3.0f));
   const float c[] = {7, 7, 7};
   EXPECT_EQ(SampleStd(c, 3, 1), 0.f);
-  EXPECT_EQ(SampleStd(x, 1, 1), 0.f);  // one value: no spread
+  EXPECT_EQ(SampleStd(x, 1, 1), 0.f);                            // one value: no spread
   const float big[] = {1e4f + 1, 1e4f + 2, 1e4f + 3, 1e4f + 4};  // no cancellation trouble
   EXPECT_FLOAT_EQ(SampleStd(big, 4, 1), std::sqrt(5.0f / 3.0f));
 }
@@ -233,13 +232,13 @@ TEST(Normalize, KeepsTheBestIterateNotTheLast) {
     const auto M = MakeTile(rng, s.R, s.C, rng.Uniform(1, 200));
     const int T = 8;
     const Iterates it = RunLoop(M, s.R, s.C, T);
-    const int argmin = static_cast<int>(std::min_element(it.imb.begin(), it.imb.end()) -
-                                        it.imb.begin());
+    const int argmin =
+        static_cast<int>(std::min_element(it.imb.begin(), it.imb.end()) - it.imb.begin());
     if (!(it.imb[T] > it.imb[argmin])) continue;  // the last iterate is the best: not this case
     ++cases;
-    SCOPED_TRACE(::testing::Message() << "trial " << trial << " R" << s.R << " C" << s.C
-                                      << " best iterate " << argmin << " imbalance "
-                                      << it.imb[argmin] << ", last " << it.imb[T]);
+    SCOPED_TRACE(::testing::Message()
+                 << "trial " << trial << " R" << s.R << " C" << s.C << " best iterate " << argmin
+                 << " imbalance " << it.imb[argmin] << ", last " << it.imb[T]);
     std::vector<float> s_r(s.R), s_c(s.C), X;
     const auto res = NormalizeTile(M.data(), s.R, s.C, T, s_r.data(), s_c.data(), X);
     EXPECT_LT(res.best_iteration, T);

@@ -27,7 +27,7 @@ TEST(Rtn, TiesRoundHalfToEven) {
   // lo = 0, hi = 15, 4 bits: step = 1 exactly, so (B - lo) / step is the value itself and the
   // x.5 values are exact ties. Half to even: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2, 3.5 -> 4, ...
   // (roundf would give 1, 2, 3, 4, ...).
-  const float row[16] = {0, 0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f, 6.5f,
+  const float row[16] = {0,    0.5f, 1.5f, 2.5f,  3.5f,  4.5f,  5.5f,  6.5f,
                          7.5f, 8.5f, 9.5f, 10.5f, 13.5f, 14.5f, 14.5f, 15};
   const uint8_t want[16] = {0, 0, 2, 2, 4, 4, 6, 6, 8, 8, 10, 10, 14, 14, 14, 15};
   uint8_t codes[16];
@@ -117,8 +117,8 @@ TEST(Absorption, StoresRowScaleTimesStepAndZeroAsFp16) {
     kvarn::cpu::TileScratch s;
     std::vector<uint8_t> codes(R * C);
     std::vector<uint16_t> a(R), z(R), c(C);
-    ASSERT_TRUE(kvarn::cpu::QuantizeMatrix(M.data(), R, C, bits, true, 8, s, codes.data(),
-                                           a.data(), z.data(), c.data())
+    ASSERT_TRUE(kvarn::cpu::QuantizeMatrix(M.data(), R, C, bits, true, 8, s, codes.data(), a.data(),
+                                           z.data(), c.data())
                     .ok());
     std::vector<float> s_r(R), s_c(C), X;
     kvarn::cpu::NormalizeTile(M.data(), R, C, 8, s_r.data(), s_c.data(), X);
@@ -168,8 +168,8 @@ TEST(Absorption, ValuesBeyondFp16FailWithOverflow) {
   kvarn::cpu::TileScratch s;
   std::vector<uint8_t> codes(R * C);
   std::vector<uint16_t> a(R), z(R), c(C);
-  const auto st = kvarn::cpu::QuantizeMatrix(M.data(), R, C, 4, false, 8, s, codes.data(),
-                                             a.data(), z.data(), c.data());
+  const auto st = kvarn::cpu::QuantizeMatrix(M.data(), R, C, 4, false, 8, s, codes.data(), a.data(),
+                                             z.data(), c.data());
   EXPECT_EQ(st.code(), KVARN_ERR_OVERFLOW);
   EXPECT_NE(st.message().find("fp16"), std::string::npos) << st.message();
 }

@@ -20,6 +20,7 @@ void kvarn_config_defaults(kvarn_config_t* config) {
 kvarn_status_t kvarn_config_from_preset(const char* preset, int32_t head_dim,
                                         kvarn_config_t* config) {
   return Guard([&]() -> Status {
+    if (config == nullptr) return kvarn::InvalidArgument("config is NULL");
     kvarn_config_t tmp;  // written to *config only on success
     KVARN_RETURN_IF_ERROR(kvarn::ConfigFromPreset(preset, head_dim, &tmp));
     *config = tmp;

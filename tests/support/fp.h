@@ -54,8 +54,8 @@ inline uint16_t DoubleToHalf(double x) {
     return static_cast<uint16_t>(sign | static_cast<uint16_t>(q));  // q == 1024 is 2^-14
   }
   int e;
-  std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
-  int E = e - 1;      // a in [2^E, 2^(E+1))
+  std::frexp(a, &e);                                 // a = m * 2^e, m in [0.5, 1)
+  int E = e - 1;                                     // a in [2^E, 2^(E+1))
   double q = std::nearbyint(std::ldexp(a, 10 - E));  // in [1024, 2048]
   if (q == 2048.0) {
     q = 1024.0;

@@ -49,20 +49,18 @@ inline std::vector<int> SylvesterMatrix(int n) {
 // A record, decoded from the layout of ALGORITHM.md section 7.
 struct DecodedRecord {
   int D = 0, G = 0;
-  std::vector<uint8_t> k_codes;  // [D][G]
+  std::vector<uint8_t> k_codes;         // [D][G]
   std::vector<uint16_t> k_a, k_z, k_c;  // [D], [D], [G]
-  std::vector<uint8_t> v_codes;  // [G][D]
+  std::vector<uint8_t> v_codes;         // [G][D]
   std::vector<uint16_t> v_c, v_a, v_z;  // [D], [G], [G]
 
   // Cache-frame reconstructions, token-major [G][D], in double.
   double K(int t, int d) const {
-    return (k_codes[static_cast<size_t>(d) * G + t] * HalfToDouble(k_a[d]) +
-            HalfToDouble(k_z[d])) *
+    return (k_codes[static_cast<size_t>(d) * G + t] * HalfToDouble(k_a[d]) + HalfToDouble(k_z[d])) *
            HalfToDouble(k_c[t]);
   }
   double V(int t, int d) const {
-    return (v_codes[static_cast<size_t>(t) * D + d] * HalfToDouble(v_a[t]) +
-            HalfToDouble(v_z[t])) *
+    return (v_codes[static_cast<size_t>(t) * D + d] * HalfToDouble(v_a[t]) + HalfToDouble(v_z[t])) *
            HalfToDouble(v_c[d]);
   }
 };

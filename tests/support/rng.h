@@ -112,8 +112,8 @@ inline uint64_t TestSeed(uint64_t salt = 0) {
 }  // namespace kvt
 
 // Declares `Rng var` seeded for this test and prints its seed with every failure below it.
-#define KVT_SEEDED_RNG(var, salt)                                                     \
-  ::kvt::Rng var(::kvt::TestSeed(salt));                                             \
-  SCOPED_TRACE(::testing::Message() << "rng seed " #var " = " << var.seed()          \
+#define KVT_SEEDED_RNG(var, salt)                                                       \
+  ::kvt::Rng var(::kvt::TestSeed(salt));                                                \
+  SCOPED_TRACE(::testing::Message() << "rng seed " #var " = " << var.seed()             \
                                     << " (derived from the test name; KVARN_TEST_SEED " \
                                     << "changes it)")

@@ -84,11 +84,21 @@ class JsonParser {
         if (i_ >= s_.size()) Fail("bad escape");
         const char e = s_[i_++];
         switch (e) {
-          case 'n': out += '\n'; break;
-          case 't': out += '\t'; break;
-          case 'r': out += '\r'; break;
-          case 'b': out += '\b'; break;
-          case 'f': out += '\f'; break;
+          case 'n':
+            out += '\n';
+            break;
+          case 't':
+            out += '\t';
+            break;
+          case 'r':
+            out += '\r';
+            break;
+          case 'b':
+            out += '\b';
+            break;
+          case 'f':
+            out += '\f';
+            break;
           case 'u': {
             if (i_ + 4 > s_.size()) Fail("bad \\u escape");
             const unsigned cp = std::stoul(s_.substr(i_, 4), nullptr, 16);
@@ -96,7 +106,9 @@ class JsonParser {
             out += cp < 0x80 ? static_cast<char>(cp) : '?';  // the golden files are ASCII
             break;
           }
-          default: out += e; break;
+          default:
+            out += e;
+            break;
         }
       } else {
         out += c;

@@ -1,0 +1,139 @@
+// Runs kvarn_paged_attention over a PagedCache and checks it against float64 attention over the
+// same cache-frame values (fp16 pages as stored, records dequantized by kvarn_dequantize).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "kvarn/kvarn.h"
+#include "support/fp.h"
+#include "support/kvarn_test.h"
+#include "support/reference.h"
+
+namespace kvt {
+
+struct Queries {
+  std::vector<int32_t> indptr;  // empty = decode
+  std::vector<float> values;    // [total][Hq][D], as the library reads them (rounded to dtype)
+  std::vector<uint8_t> bytes;   // encoded as dtype
+  kvarn_dtype_t dtype = KVARN_DTYPE_F32;
+  size_t total = 0;
+};
+
+// q_lens empty = decode (one query per sequence).
+inline Queries MakeQueries(Rng& rng, const std::vector<int>& q_lens, int batch, int Hq, int D,
+                           kvarn_dtype_t dtype) {
+  Queries q;
+  q.dtype = dtype;
+  if (q_lens.empty()) {
+    q.total = batch;
+  } else {
+    q.indptr.push_back(0);
+    for (int n : q_lens) q.indptr.push_back(q.indptr.back() + n);
+    q.total = q.indptr.back();
+  }
+  q.values.resize(q.total * Hq * D);
+  // Each query row has its own magnitude: flat and peaked softmaxes alike.
+  for (size_t r = 0; r < q.total * Hq; ++r) {
+    const double mag = std::exp(0.7 * rng.Normal());
+    for (int d = 0; d < D; ++d) q.values[r * D + d] = static_cast<float>(mag * rng.Normal());
+  }
+  q.values = RoundTo(q.values, dtype);
+  q.bytes = Encode(q.values, dtype);
+  return q;
+}
+
+struct AttnOutput {
+  std::vector<uint8_t> out;  // [total][Hq][D] of out_dtype
+  std::vector<float> lse;    // [total][Hq]
+  kvarn_dtype_t dtype = KVARN_DTYPE_F32;
+};
+
+inline ::testing::AssertionResult RunAttention(kvarn_context_t* ctx, PagedCache& pc,
+                                               const Queries& q, int Hq, kvarn_dtype_t out_dtype,
+                                               int num_splits, float scale, AttnOutput* r) {
+  kvarn_attention_params_t p;
+  kvarn_attention_params_defaults(&p);
+  p.num_q_heads = Hq;
+  p.scale = scale;
+  p.q_indptr = q.indptr.empty() ? nullptr : q.indptr.data();
+  p.q_dtype = q.dtype;
+  p.out_dtype = out_dtype;
+  p.num_splits = num_splits;
+  kvarn_paged_kv_t kv = pc.View();
+  size_t ws = 0;
+  kvarn_status_t st = kvarn_paged_attention_workspace_size(ctx, &pc.cfg, &kv, &p, q.total, &ws);
+  if (st != KVARN_OK) {
+    return ::testing::AssertionFailure() << "workspace_size: " << kvarn_last_error();
+  }
+  std::vector<uint8_t> workspace(ws);
+  r->dtype = out_dtype;
+  r->out.assign(q.total * Hq * pc.D * DtypeBytes(out_dtype), 0xEE);
+  r->lse.assign(q.total * Hq, -12345.f);
+  st = kvarn_paged_attention(ctx, &pc.cfg, &kv, &p, q.bytes.data(), r->out.data(), r->lse.data(),
+                             ws ? workspace.data() : nullptr, ws);
+  if (st != KVARN_OK) {
+    return ::testing::AssertionFailure() << "kvarn_paged_attention: " << kvarn_last_error();
+  }
+  return ::testing::AssertionSuccess();
+}
+
+struct AttnErrors {
+  double worst_row = 0;    // worst relative L2 of one (query token, head) output row
+  double total = 0;        // relative L2 over all outputs
+  double worst_lse = 0;    // worst |lse - ref| / (1 + |ref|)
+  double max_abs_lse = 0;  // largest |ref lse| (for scale)
+};
+
+// Compares r with float64 attention over the cache-frame values of pc.
+inline AttnErrors CompareWithReference(kvarn_context_t* ctx, const PagedCache& pc, const Queries& q,
+                                       int Hq, float scale, const AttnOutput& r) {
+  AttnErrors e;
+  const int D = pc.D, Hk = pc.Hk, group = Hq / Hk;
+  const bool k_rot = !(pc.cfg.key_flags & KVARN_ABLATE_NO_ROTATION);
+  const bool v_rot = !(pc.cfg.value_flags & KVARN_ABLATE_NO_ROTATION);
+  const double s = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+  const std::vector<double> out = Decode(r.out.data(), q.total * Hq * D, r.dtype);
+  double num = 0, den = 0;
+  for (int b = 0; b < pc.batch; ++b) {
+    const int64_t N = pc.seq_lens[b];
+    const int64_t q0 = q.indptr.empty() ? b : q.indptr[b];
+    const int64_t nq = q.indptr.empty() ? 1 : q.indptr[b + 1] - q.indptr[b];
+    for (int h = 0; h < Hk; ++h) {
+      std::vector<float> K, V;
+      EXPECT_TRUE(pc.CacheFrame(ctx, b, h, &K, &V));
+      for (int64_t i = 0; i < nq; ++i) {
+        for (int g = 0; g < group; ++g) {
+          const size_t row = static_cast<size_t>((q0 + i) * Hq + h * group + g);
+          std::vector<double> qr(q.values.begin() + row * D, q.values.begin() + (row + 1) * D);
+          if (k_rot) HadamardDouble(qr.data(), D);
+          const int64_t n_keys = N - nq + i + 1;  // causal, aligned to the end
+          const RefAttentionOut ref =
+              RefAttention(qr.data(), K.data(), V.data(), n_keys, D, s, v_rot);
+          const std::vector<double> got(out.begin() + row * D, out.begin() + (row + 1) * D);
+          e.worst_row = std::max(e.worst_row, RelL2(got, ref.o));
+          for (int d = 0; d < D; ++d) {
+            num += (got[d] - ref.o[d]) * (got[d] - ref.o[d]);
+            den += ref.o[d] * ref.o[d];
+          }
+          e.worst_lse =
+              std::max(e.worst_lse, std::fabs(r.lse[row] - ref.lse) / (1 + std::fabs(ref.lse)));
+          e.max_abs_lse = std::max(e.max_abs_lse, std::fabs(ref.lse));
+        }
+      }
+    }
+  }
+  e.total = den > 0 ? std::sqrt(num / den) : 0;
+  return e;
+}
+
+// Relative L2 between two attention outputs of the same shape.
+inline double OutputDistance(const AttnOutput& a, const AttnOutput& b, size_t n) {
+  return RelL2(Decode(a.out.data(), n, a.dtype), Decode(b.out.data(), n, b.dtype));
+}
+
+}  // namespace kvt
