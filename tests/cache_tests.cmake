@@ -1,3 +1,3 @@
-kvarn_add_gtest(test_managed_cache SOURCES test_managed_cache.cpp)
-kvarn_add_gtest(test_concurrency SOURCES test_concurrency.cpp)
-kvarn_add_gtest(test_memory_api SOURCES test_memory_api.cpp)
+kvarn_add_gtest(test_managed_cache SOURCES test_managed_cache.cpp LABELS cache)
+kvarn_add_gtest(test_concurrency SOURCES test_concurrency.cpp LABELS cache)
+kvarn_add_gtest(test_memory_api SOURCES test_memory_api.cpp LABELS api)
