@@ -23,8 +23,43 @@ void Apply(const float* M, int R, int C, const float* ec, const float* er, float
 
 }  // namespace
 
+namespace {
+
+// Eight double lanes, element i in lane i % 8, combined as ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)):
+// the order an 8-wide (AVX-512) or 2x4-wide (AVX2) register reduction gives, so SIMD kernels
+// can reproduce these sums bit for bit.
+double LaneCombine(const double* l) {
+  return ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+}
+
+// Adds x[i] (or (x[i] - mean)^2) into lane i % 8; blocks of 8 keep the lanes in registers.
+template <bool kSquares>
+double LaneSum(const float* x, int n, double mean) {
+  double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int k = 0; k < 8; ++k) {
+      const double d = kSquares ? x[i + k] - mean : static_cast<double>(x[i + k]);
+      l[k] += kSquares ? d * d : d;
+    }
+  }
+  for (; i < n; ++i) {
+    const double d = kSquares ? x[i] - mean : static_cast<double>(x[i]);
+    l[i & 7] += kSquares ? d * d : d;
+  }
+  return LaneCombine(l);
+}
+
+float ContiguousStd(const float* x, int n) {
+  const double mean = LaneSum<false>(x, n, 0.0) / n;
+  return static_cast<float>(std::sqrt(LaneSum<true>(x, n, mean) / (n - 1)));
+}
+
+}  // namespace
+
 float SampleStd(const float* x, int n, int stride) {
   if (n < 2) return 0.f;
+  if (stride == 1) return ContiguousStd(x, n);
   double sum = 0.0;
   for (int i = 0; i < n; ++i) sum += x[i * stride];
   const double mean = sum / n;
@@ -36,19 +71,45 @@ float SampleStd(const float* x, int n, int stride) {
   return static_cast<float>(std::sqrt(ss / (n - 1)));
 }
 
-float Imbalance(const float* X, int R, int C) {
-  float cmax = 0.f, cmin = INFINITY, rmax = 0.f, rmin = INFINITY;
-  for (int j = 0; j < C; ++j) {
-    const float s = SampleStd(X + j, R, C);
-    cmax = std::max(cmax, s);
-    cmin = std::min(cmin, s);
-  }
+void ColumnStds(const float* X, int R, int C, float* out) {
+  // Row-major sweep with one accumulator per column: the same summation order per column as
+  // SampleStd(X + j, R, C), so the results are bit-identical, but cache-friendly.
+  std::vector<double> sum(C, 0.0), ss(C, 0.0);
   for (int i = 0; i < R; ++i) {
-    const float s = SampleStd(X + static_cast<size_t>(i) * C, C, 1);
-    rmax = std::max(rmax, s);
-    rmin = std::min(rmin, s);
+    const float* row = X + static_cast<size_t>(i) * C;
+    for (int j = 0; j < C; ++j) sum[j] += row[j];
   }
-  return cmax / std::max(cmin, kImbalanceFloor) + rmax / std::max(rmin, kImbalanceFloor);
+  for (int j = 0; j < C; ++j) sum[j] /= R;  // the mean
+  for (int i = 0; i < R; ++i) {
+    const float* row = X + static_cast<size_t>(i) * C;
+    for (int j = 0; j < C; ++j) {
+      const double d = row[j] - sum[j];
+      ss[j] += d * d;
+    }
+  }
+  for (int j = 0; j < C; ++j) out[j] = R < 2 ? 0.f : static_cast<float>(std::sqrt(ss[j] / (R - 1)));
+}
+
+void RowStds(const float* X, int R, int C, float* out) {
+  for (int i = 0; i < R; ++i) out[i] = SampleStd(X + static_cast<size_t>(i) * C, C, 1);
+}
+
+namespace {
+
+float ImbalanceOf(const std::vector<float>& col_std, const std::vector<float>& row_std) {
+  const auto c = std::minmax_element(col_std.begin(), col_std.end());
+  const auto r = std::minmax_element(row_std.begin(), row_std.end());
+  return *c.second / std::max(*c.first, kImbalanceFloor) +
+         *r.second / std::max(*r.first, kImbalanceFloor);
+}
+
+}  // namespace
+
+float Imbalance(const float* X, int R, int C) {
+  std::vector<float> cs(C), rs(R);
+  ColumnStds(X, R, C, cs.data());
+  RowStds(X, R, C, rs.data());
+  return ImbalanceOf(cs, rs);
 }
 
 NormalizeResult NormalizeTile(const float* M, int R, int C, int iterations, float* s_r, float* s_c,
@@ -56,23 +117,29 @@ NormalizeResult NormalizeTile(const float* M, int R, int C, int iterations, floa
   NormalizeResult res;
   std::vector<float> lc(C, 0.f), lr(R, 0.f), ec(C, 1.f), er(R, 1.f);
   std::vector<float> best_lc(C, 0.f), best_lr(R, 0.f);
+  std::vector<float> col_std(C), row_std(R);
   X.assign(M, M + static_cast<size_t>(R) * C);
-  res.initial_imbalance = Imbalance(X.data(), R, C);
+  // col_std always holds the column deviations of the current X: the imbalance of an iterate
+  // and the next iteration's column update read the same numbers.
+  ColumnStds(X.data(), R, C, col_std.data());
+  RowStds(X.data(), R, C, row_std.data());
+  res.initial_imbalance = ImbalanceOf(col_std, row_std);
   float best = res.initial_imbalance;
   for (int it = 1; it <= iterations; ++it) {
     for (int j = 0; j < C; ++j) {
-      lc[j] = Clamp(lc[j] + std::log(Clamp(SampleStd(X.data() + j, R, C), kStdMin, kStdMax)),
-                    kLogMin, kLogMax);
+      lc[j] = Clamp(lc[j] + std::log(Clamp(col_std[j], kStdMin, kStdMax)), kLogMin, kLogMax);
       ec[j] = std::exp(lc[j]);
     }
     Apply(M, R, C, ec.data(), er.data(), X.data());
+    RowStds(X.data(), R, C, row_std.data());
     for (int i = 0; i < R; ++i) {
-      const float s = SampleStd(X.data() + static_cast<size_t>(i) * C, C, 1);
-      lr[i] = Clamp(lr[i] + std::log(Clamp(s, kStdMin, kStdMax)), kLogMin, kLogMax);
+      lr[i] = Clamp(lr[i] + std::log(Clamp(row_std[i], kStdMin, kStdMax)), kLogMin, kLogMax);
       er[i] = std::exp(lr[i]);
     }
     Apply(M, R, C, ec.data(), er.data(), X.data());
-    const float imb = Imbalance(X.data(), R, C);
+    ColumnStds(X.data(), R, C, col_std.data());
+    RowStds(X.data(), R, C, row_std.data());
+    const float imb = ImbalanceOf(col_std, row_std);
     if (imb <= best) {  // ties go to the later iterate
       best = imb;
       best_lc = lc;

@@ -8,8 +8,15 @@ namespace kvarn {
 namespace cpu {
 
 // Unbiased (n-1) standard deviation of n values `stride` floats apart, accumulated in double in
-// a fixed order (so every backend can reproduce it bit for bit).
+// a fixed order every backend reproduces bit for bit: strided (column) sums run sequentially
+// over i; contiguous (row) sums use eight lanes, element i in lane i % 8, combined as
+// ((l0+l4)+(l2+l6))+((l1+l5)+(l3+l7)).
 float SampleStd(const float* x, int n, int stride);
+
+// Unbiased standard deviations of every column [C] / row [R] of X (R x C), each bit-identical to
+// SampleStd over that column / row.
+void ColumnStds(const float* X, int R, int C, float* out);
+void RowStds(const float* X, int R, int C, float* out);
 
 // imb(X) = max col std / max(min col std, 1e-8) + max row std / max(min row std, 1e-8).
 float Imbalance(const float* X, int R, int C);
