@@ -21,6 +21,21 @@ Status CheckDtype(kvarn_dtype_t dtype, const char* what) {
   return Status::Ok();
 }
 
+// What quantize and dequantize both require: a context, a known dtype and flags, and a record
+// stride that holds a record.
+Status CheckCodecArgs(Context* ctx, const Config& cfg, kvarn_dtype_t dtype, const char* what,
+                      uint32_t flags, size_t record_stride) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  KVARN_RETURN_IF_ERROR(CheckDtype(dtype, what));
+  if (flags & ~KVARN_CODEC_CACHE_FRAME) return InvalidArgument("unknown flags");
+  if (record_stride < cfg.record_bytes()) {
+    return InvalidArgument("record_stride " + std::to_string(record_stride) +
+                           " is smaller than the record size " +
+                           std::to_string(cfg.record_bytes()));
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool IsValidDtype(kvarn_dtype_t dtype) {
@@ -58,14 +73,7 @@ Status OpRotate(Context* ctx, int32_t head_dim, size_t n_rows, kvarn_dtype_t in_
 Status OpQuantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype,
                   const void* k, const void* v, uint32_t flags, void* records,
                   size_t record_stride) {
-  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
-  KVARN_RETURN_IF_ERROR(CheckDtype(dtype, "dtype"));
-  if (flags & ~KVARN_CODEC_CACHE_FRAME) return InvalidArgument("unknown flags");
-  if (record_stride < cfg.record_bytes()) {
-    return InvalidArgument("record_stride " + std::to_string(record_stride) +
-                           " is smaller than the record size " +
-                           std::to_string(cfg.record_bytes()));
-  }
+  KVARN_RETURN_IF_ERROR(CheckCodecArgs(ctx, cfg, dtype, "dtype", flags, record_stride));
   if (n_tiles == 0) return Status::Ok();
   if (k == nullptr || v == nullptr || records == nullptr) {
     return InvalidArgument("k, v or records is NULL");
@@ -76,14 +84,7 @@ Status OpQuantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t
 Status OpDequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* records,
                     size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k,
                     void* v) {
-  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
-  KVARN_RETURN_IF_ERROR(CheckDtype(out_dtype, "out_dtype"));
-  if (flags & ~KVARN_CODEC_CACHE_FRAME) return InvalidArgument("unknown flags");
-  if (record_stride < cfg.record_bytes()) {
-    return InvalidArgument("record_stride " + std::to_string(record_stride) +
-                           " is smaller than the record size " +
-                           std::to_string(cfg.record_bytes()));
-  }
+  KVARN_RETURN_IF_ERROR(CheckCodecArgs(ctx, cfg, out_dtype, "out_dtype", flags, record_stride));
   if (n_tiles == 0) return Status::Ok();
   if (records == nullptr) return InvalidArgument("records is NULL");
   if (k == nullptr && v == nullptr) return InvalidArgument("k_out and v_out are both NULL");

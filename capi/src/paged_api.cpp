@@ -12,6 +12,18 @@ using kvarn::Status;
 using kvarn::capi::Guard;
 using kvarn::capi::NeedContext;
 
+namespace {
+
+// The checks every layer-2 entry starts with.
+Status ParseCommon(const kvarn_context_t* context, const kvarn_config_t* config,
+                   const kvarn_paged_kv_t* kv, Config* c, PagedKV* p) {
+  KVARN_RETURN_IF_ERROR(NeedContext(context));
+  KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, c));
+  return kvarn::ParsePagedKV(kv, *c, p);
+}
+
+}  // namespace
+
 extern "C" {
 
 void kvarn_paged_kv_defaults(kvarn_paged_kv_t* kv) {
@@ -35,11 +47,9 @@ kvarn_status_t kvarn_paged_append(kvarn_context_t* context, const kvarn_config_t
                                   const kvarn_paged_kv_t* kv, const int32_t* token_indptr,
                                   kvarn_dtype_t dtype, const void* k, const void* v) {
   return Guard([&]() -> Status {
-    KVARN_RETURN_IF_ERROR(NeedContext(context));
     Config c;
-    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
     PagedKV p;
-    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, c, &p));
+    KVARN_RETURN_IF_ERROR(ParseCommon(context, config, kv, &c, &p));
     return kvarn::OpPagedAppend(context->impl.get(), c, p, token_indptr, dtype, k, v);
   });
 }
@@ -48,11 +58,9 @@ kvarn_status_t kvarn_paged_flush(kvarn_context_t* context, const kvarn_config_t*
                                  const kvarn_paged_kv_t* kv, size_t n_tiles,
                                  const int32_t* src_pages, const int32_t* dst_blocks) {
   return Guard([&]() -> Status {
-    KVARN_RETURN_IF_ERROR(NeedContext(context));
     Config c;
-    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
     PagedKV p;
-    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, c, &p));
+    KVARN_RETURN_IF_ERROR(ParseCommon(context, config, kv, &c, &p));
     return kvarn::OpPagedFlush(context->impl.get(), c, p, n_tiles, src_pages, dst_blocks);
   });
 }
@@ -63,11 +71,9 @@ kvarn_status_t kvarn_paged_attention_workspace_size(kvarn_context_t* context,
                                                     const kvarn_attention_params_t* params,
                                                     size_t total_q_tokens, size_t* out_bytes) {
   return Guard([&]() -> Status {
-    KVARN_RETURN_IF_ERROR(NeedContext(context));
     Config c;
-    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
     PagedKV p;
-    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, c, &p));
+    KVARN_RETURN_IF_ERROR(ParseCommon(context, config, kv, &c, &p));
     AttentionArgs a;
     KVARN_RETURN_IF_ERROR(kvarn::ParseAttentionParams(params, c, p.num_kv_heads, &a));
     return kvarn::OpAttentionWorkspace(context->impl.get(), c, p, a, total_q_tokens, out_bytes);
@@ -80,11 +86,9 @@ kvarn_status_t kvarn_paged_attention(kvarn_context_t* context, const kvarn_confi
                                      void* out, float* lse, void* workspace,
                                      size_t workspace_bytes) {
   return Guard([&]() -> Status {
-    KVARN_RETURN_IF_ERROR(NeedContext(context));
     Config c;
-    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
     PagedKV p;
-    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, c, &p));
+    KVARN_RETURN_IF_ERROR(ParseCommon(context, config, kv, &c, &p));
     AttentionArgs a;
     KVARN_RETURN_IF_ERROR(kvarn::ParseAttentionParams(params, c, p.num_kv_heads, &a));
     return kvarn::OpPagedAttention(context->impl.get(), c, p, a, q, out, lse, workspace,
