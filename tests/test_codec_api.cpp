@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -69,6 +70,10 @@ struct CodecParam {
   int D, G, kb, vb;
   kvarn_dtype_t dtype;
 };
+
+void PrintTo(const CodecParam& p, std::ostream* os) {
+  *os << "D" << p.D << " G" << p.G << " k" << p.kb << "v" << p.vb << " dtype " << p.dtype;
+}
 
 std::vector<CodecParam> CodecParams() {
   std::vector<CodecParam> v;

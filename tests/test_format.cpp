@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <ostream>
 #include <string>
 #include <tuple>
 
@@ -19,6 +20,11 @@ using kvt::MakeConfig;
 struct LayoutParam {
   int D, G, kb, vb;
 };
+
+// Readable parameter values in test listings (CTest shows them beside each test).
+void PrintTo(const LayoutParam& p, std::ostream* os) {
+  *os << "D" << p.D << " G" << p.G << " k" << p.kb << "v" << p.vb;
+}
 
 std::string LayoutName(const ::testing::TestParamInfo<LayoutParam>& p) {
   return "D" + std::to_string(p.param.D) + "_G" + std::to_string(p.param.G) + "_k" +

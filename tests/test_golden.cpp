@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,8 @@ struct GoldenEntry {
   int D = 0, G = 0, kb = 0, vb = 0, iterations = 0, tiles = 0;
   size_t record_bytes = 0;
 };
+
+void PrintTo(const GoldenEntry& e, std::ostream* os) { *os << e.file; }
 
 std::vector<GoldenEntry> LoadIndex() {
   std::vector<GoldenEntry> out;

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <ostream>
 #include <vector>
 
 #include "backends/cpu/hadamard.h"
@@ -104,6 +105,10 @@ struct RotateParam {
   int D;
   kvarn_dtype_t in, out;
 };
+
+void PrintTo(const RotateParam& p, std::ostream* os) {
+  *os << "D" << p.D << " dtype " << p.in << " -> " << p.out;
+}
 
 const char* DtypeName(kvarn_dtype_t t) {
   return t == KVARN_DTYPE_F32 ? "f32" : t == KVARN_DTYPE_F16 ? "f16" : "bf16";
