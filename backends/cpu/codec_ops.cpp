@@ -173,10 +173,8 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
         return InvalidArgument("sequence " + std::to_string(b) + ": position " +
                                std::to_string(pos) + " is beyond max_blocks_per_seq");
       }
-      if (tile >= cfg.sink_tiles && tile < cfg.sink_tiles + kv.record_tiles[b]) {
-        return InvalidArgument("sequence " + std::to_string(b) + ": tile " + std::to_string(tile) +
-                               " is a record tile, not a page");
-      }
+      // New positions lie at or past seq_len, so CheckPagedTables already guarantees their
+      // tiles are fp16 tiles (records cover only complete tiles below seq_len).
       const int32_t page = kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + tile];
       if (page < 0 || page >= kv.num_pages) {
         return InvalidArgument("sequence " + std::to_string(b) + ": page id " +
