@@ -19,57 +19,6 @@ using kvt::IsError;
 using kvt::PagedCache;
 using kvt::PagedCacheSpec;
 
-// A hand-made paged cache: batch sequences with fixed page ids, no records yet.
-struct SmallCache {
-  kvarn_config_t cfg;
-  int Hk, D, G;
-  std::vector<uint16_t> k_pages, v_pages;
-  std::vector<uint8_t> records;
-  size_t stride;
-  std::vector<int32_t> block_table, seq_lens, record_tiles;
-  int max_blocks, num_pages, num_blocks;
-
-  SmallCache(const kvarn_config_t& c, int hk, int batch, int blocks_per_seq, int pages, int rblocks)
-      : cfg(c),
-        Hk(hk),
-        D(c.head_dim),
-        G(c.tile_tokens),
-        max_blocks(blocks_per_seq),
-        num_pages(pages),
-        num_blocks(rblocks) {
-    k_pages.assign(static_cast<size_t>(pages) * Hk * G * D, kvt::kPoisonHalf);
-    v_pages = k_pages;
-    stride = kvt::RecordBytes(cfg) + 6;
-    records.assign(static_cast<size_t>(rblocks) * Hk * stride, kvt::kPoisonByte);
-    block_table.assign(static_cast<size_t>(batch) * blocks_per_seq, 0);
-    seq_lens.assign(batch, 0);
-    record_tiles.assign(batch, 0);
-  }
-  kvarn_paged_kv_t View() {
-    kvarn_paged_kv_t kv;
-    kvarn_paged_kv_defaults(&kv);
-    kv.num_kv_heads = Hk;
-    kv.batch = static_cast<int32_t>(seq_lens.size());
-    kv.records = records.data();
-    kv.record_stride = stride;
-    kv.num_record_blocks = num_blocks;
-    kv.k_pages = k_pages.data();
-    kv.v_pages = v_pages.data();
-    kv.num_pages = num_pages;
-    kv.block_table = block_table.data();
-    kv.max_blocks_per_seq = max_blocks;
-    kv.seq_lens = seq_lens.data();
-    kv.record_tiles = record_tiles.data();
-    return kv;
-  }
-  uint16_t* KPage(int page, int h) {
-    return k_pages.data() + (static_cast<size_t>(page) * Hk + h) * G * D;
-  }
-  uint16_t* VPage(int page, int h) {
-    return v_pages.data() + (static_cast<size_t>(page) * Hk + h) * G * D;
-  }
-};
-
 class PagedAppend : public ::testing::TestWithParam<std::tuple<uint32_t, kvarn_dtype_t>> {};
 
 TEST_P(PagedAppend, PagesHoldRotatedFp16Tokens) {
@@ -156,12 +105,13 @@ TEST(PagedAppendChunks, TokenByTokenEqualsOneCall) {
     k[b] = kvt::MakeTokens(rng, n * Hk, D, kvt::KVShape{});
     v[b] = kvt::MakeTokens(rng, n * Hk, D, kvt::KVShape{});
   }
-  auto setup = [&](SmallCache& c) {
+  auto setup = [&](PagedCache& c) {
     // Sequence 0 on pages 4, 1, 6; sequence 1 on pages 0, 5, 2.
     const int32_t table[] = {4, 1, 6, 0, 5, 2};
     std::copy(table, table + 6, c.block_table.begin());
   };
-  SmallCache once(cfg, Hk, 2, 3, 7, 1), step(cfg, Hk, 2, 3, 7, 1);
+  PagedCache once = kvt::SmallPagedCache(cfg, Hk, 2, 3, 7, 1);
+  PagedCache step = kvt::SmallPagedCache(cfg, Hk, 2, 3, 7, 1);
   setup(once);
   setup(step);
   {
@@ -254,7 +204,7 @@ TEST(PagedAppendFailure, NonFiniteOrOverflowingTokensWriteNothing) {
   auto ctx = kvt::MakeCpuContext();
   const kvarn_config_t cfg = kvt::MakeConfig(128, 64, 4, 2);
   const int Hk = 2, D = 128;
-  SmallCache c(cfg, Hk, 2, 4, 8, 2);
+  PagedCache c = kvt::SmallPagedCache(cfg, Hk, 2, 4, 8, 2);
   const int32_t table[] = {3, 1, 0, 0, 2, 7, 0, 0};
   std::copy(table, table + 8, c.block_table.begin());
   c.seq_lens = {10, 60};
@@ -304,7 +254,7 @@ TEST(PagedFlushFailure, NonFinitePageWritesNoRecord) {
   auto ctx = kvt::MakeCpuContext();
   const kvarn_config_t cfg = kvt::MakeConfig(64, 64, 4, 2);
   const int Hk = 2, D = 64, G = 64;
-  SmallCache c(cfg, Hk, 1, 4, 4, 3);
+  PagedCache c = kvt::SmallPagedCache(cfg, Hk, 1, 4, 4, 3);
   for (int p = 0; p < 4; ++p) {
     for (int h = 0; h < Hk; ++h) {
       const auto k = kvt::MakeTokens(rng, G, D, kvt::KVShape{});
@@ -339,7 +289,7 @@ TEST(PagedFlushFailure, AbsorbedOverflowWritesNoRecord) {
   auto ctx = kvt::MakeCpuContext();
   const kvarn_config_t cfg = kvt::MakeConfig(128, 128, 4, 2);
   const int Hk = 1, D = 128, G = 128;
-  SmallCache c(cfg, Hk, 1, 2, 2, 2);
+  PagedCache c = kvt::SmallPagedCache(cfg, Hk, 1, 2, 2, 2);
   for (int t = 0; t < G; ++t) {
     for (int d = 0; d < D; ++d) {
       c.KPage(1, 0)[t * D + d] =
@@ -360,7 +310,7 @@ TEST(PagedFlushFailure, AbsorbedOverflowWritesNoRecord) {
 TEST(PagedFlushEdges, ZeroTilesIsANoOp) {
   auto ctx = kvt::MakeCpuContext();
   const kvarn_config_t cfg = kvt::MakeConfig(64, 64, 4, 2);
-  SmallCache c(cfg, 1, 1, 1, 1, 1);
+  PagedCache c = kvt::SmallPagedCache(cfg, 1, 1, 1, 1, 1);
   kvarn_paged_kv_t kv = c.View();
   KVT_EXPECT_OK(kvarn_paged_flush(ctx.get(), &cfg, &kv, 0, nullptr, nullptr));
 }
@@ -368,7 +318,7 @@ TEST(PagedFlushEdges, ZeroTilesIsANoOp) {
 TEST(PagedAppendEdges, NothingToAppendIsANoOp) {
   auto ctx = kvt::MakeCpuContext();
   const kvarn_config_t cfg = kvt::MakeConfig(64, 64, 4, 2);
-  SmallCache c(cfg, 1, 2, 1, 1, 1);
+  PagedCache c = kvt::SmallPagedCache(cfg, 1, 2, 1, 1, 1);
   const auto before = c.k_pages;
   const int32_t indptr[] = {0, 0, 0};
   kvarn_paged_kv_t kv = c.View();

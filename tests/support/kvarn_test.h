@@ -209,6 +209,8 @@ struct PagedCache {
   int32_t Block(int b, int tile) const {
     return block_table[static_cast<size_t>(b) * max_blocks + tile];
   }
+  uint16_t* KPage(int page, int h) { return k_pages.data() + (page * size_t(Hk) + h) * G * D; }
+  uint16_t* VPage(int page, int h) { return v_pages.data() + (page * size_t(Hk) + h) * G * D; }
 
   // The cache-frame K' and V' of sequence b, KV head h ([N][D] fp32): fp16 pages as stored and
   // records dequantized with KVARN_CODEC_CACHE_FRAME.
@@ -248,6 +250,30 @@ struct PagedCache {
 // it is complete (and not a sink tile) into a shuffled record block, then poisons the freed page
 // (NaN) and recycles it. Unwritten page slots hold NaN and unwritten record bytes 0xCD, so
 // attention reading anything it should not shows up.
+// An empty hand-made paged cache: `batch` sequences of zero tokens, all-zero block tables, pages
+// poisoned with NaN and records with kPoisonByte, record_stride = record bytes + 6.
+inline PagedCache SmallPagedCache(const kvarn_config_t& cfg, int hk, int batch, int blocks_per_seq,
+                                  int pages, int record_blocks) {
+  PagedCache c;
+  c.cfg = cfg;
+  c.D = cfg.head_dim;
+  c.G = cfg.tile_tokens;
+  c.Hk = hk;
+  c.batch = batch;
+  c.record_bytes = RecordBytes(cfg);
+  c.stride = c.record_bytes + 6;
+  c.num_pages = pages;
+  c.num_blocks = record_blocks;
+  c.max_blocks = blocks_per_seq;
+  c.k_pages.assign(static_cast<size_t>(pages) * c.PageElems(), kPoisonHalf);
+  c.v_pages = c.k_pages;
+  c.records.assign(static_cast<size_t>(record_blocks) * hk * c.stride, kPoisonByte);
+  c.block_table.assign(static_cast<size_t>(batch) * blocks_per_seq, 0);
+  c.seq_lens.assign(batch, 0);
+  c.record_tiles.assign(batch, 0);
+  return c;
+}
+
 inline ::testing::AssertionResult BuildPagedCache(kvarn_context_t* ctx, const kvarn_config_t& cfg,
                                                   const PagedCacheSpec& spec, Rng& rng,
                                                   PagedCache* out) {
