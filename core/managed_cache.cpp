@@ -143,8 +143,25 @@ void ManagedCache::RollbackTxn(Txn& t, SeqLayer& s) {
     L.block_refs[b] = 0;
     L.free_blocks.push_back(b);
   }
+  for (int32_t b : t.shared_blocks) --L.block_refs[b];
   s = t.saved;
   t = Txn{};
+}
+
+template <typename Op>
+Status ManagedCache::AllLayersOrNone(std::vector<SeqLayer>& layers, Op op) {
+  std::vector<Txn> txns(L_);
+  for (int l = 0; l < L_; ++l) {
+    txns[l].layer = l;
+    txns[l].saved = layers[l];
+    Status st = op(txns[l], layers[l]);
+    if (!st.ok()) {
+      for (int j = l; j >= 0; --j) RollbackTxn(txns[j], layers[j]);
+      return st;
+    }
+  }
+  for (Txn& t : txns) CommitTxn(t);
+  return Status::Ok();
 }
 
 void ManagedCache::DropTiles(int layer, SeqLayer& s, int64_t first_tile) {
@@ -301,7 +318,6 @@ Status ManagedCache::Fork(int64_t src_id, int64_t dst_id, int64_t n) {
     return {KVARN_ERR_CAPACITY, "max_sequences (" + std::to_string(max_sequences_) + ") reached"};
   }
   if (n < -1) return InvalidArgument("n_tokens must be >= 0 or -1 (all committed tokens)");
-  const int G = cfg_.G;
   std::vector<int64_t> keep(L_);
   for (int l = 0; l < L_; ++l) {
     const SeqLayer& sl = src->layers[l];
@@ -312,44 +328,40 @@ Status ManagedCache::Fork(int64_t src_id, int64_t dst_id, int64_t n) {
                              " committed tokens");
     }
     KVARN_RETURN_IF_ERROR(CheckCut(sl, keep[l], "forking"));
-    int64_t pages_needed = 0;
-    for (int64_t tile = 0; tile < CeilDiv(keep[l], G); ++tile)
-      pages_needed += !IsRecordTile(sl, tile);
-    if (pages_needed > static_cast<int64_t>(layers_[l].free_pages.size())) {
-      return {KVARN_ERR_CAPACITY, "not enough free pages in layer " + std::to_string(l)};
-    }
   }
-  // Capacity checked for every layer first: nothing below can fail.
   Sequence dst;
   dst.layers.resize(L_);
-  for (int l = 0; l < L_; ++l) {
-    const SeqLayer& sl = src->layers[l];
-    SeqLayer& dl = dst.layers[l];
-    Layer& L = layers_[l];
-    dl.len = dl.committed = keep[l];
-    dl.record_tiles = static_cast<int32_t>(
-        std::max<int64_t>(0, std::min<int64_t>(sl.record_tiles, keep[l] / G - cfg_.sink_tiles)));
-    const int64_t tiles = CeilDiv(keep[l], G);
-    dl.table.resize(tiles);
-    for (int64_t tile = 0; tile < tiles; ++tile) {
-      if (IsRecordTile(dl, tile)) {
-        dl.table[tile] = sl.table[tile];  // shared, never copied
-        ++L.block_refs[sl.table[tile]];
-      } else {
-        const int32_t page = L.free_pages.back();
-        L.free_pages.pop_back();
-        const size_t bytes = PageElems() * 2;
-        for (void* pool : {L.k_pages, L.v_pages}) {
-          uint8_t* base = static_cast<uint8_t*>(pool);
-          KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, base + page * bytes,
-                                                base + sl.table[tile] * bytes, bytes,
-                                                CopyKind::kDeviceToDevice));
-        }
-        dl.table[tile] = page;
-      }
+  KVARN_RETURN_IF_ERROR(AllLayersOrNone(dst.layers, [&](Txn& t, SeqLayer& dl) {
+    return ForkLayer(t, src->layers[t.layer], keep[t.layer], dl);
+  }));
+  seqs_.emplace(dst_id, std::move(dst));
+  return Status::Ok();
+}
+
+Status ManagedCache::ForkLayer(Txn& t, const SeqLayer& src, int64_t keep, SeqLayer& dst) {
+  const int G = cfg_.G;
+  Layer& L = layers_[t.layer];
+  dst.len = dst.committed = keep;
+  dst.record_tiles = static_cast<int32_t>(
+      std::max<int64_t>(0, std::min<int64_t>(src.record_tiles, keep / G - cfg_.sink_tiles)));
+  const int64_t tiles = CeilDiv(keep, G);
+  dst.table.resize(tiles);
+  const size_t bytes = PageElems() * 2;
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    if (IsRecordTile(dst, tile)) {
+      dst.table[tile] = src.table[tile];  // shared, never copied
+      ++L.block_refs[src.table[tile]];
+      t.shared_blocks.push_back(src.table[tile]);
+      continue;
+    }
+    KVARN_RETURN_IF_ERROR(AllocPage(t, &dst.table[tile]));
+    for (void* pool : {L.k_pages, L.v_pages}) {
+      uint8_t* base = static_cast<uint8_t*>(pool);
+      KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, base + dst.table[tile] * bytes,
+                                            base + src.table[tile] * bytes, bytes,
+                                            CopyKind::kDeviceToDevice));
     }
   }
-  seqs_.emplace(dst_id, std::move(dst));
   return Status::Ok();
 }
 
@@ -401,20 +413,10 @@ Status ManagedCache::Commit(int64_t id, int64_t n) {
                              " committed (use truncate to roll back)");
     }
   }
-  std::vector<Txn> txns(L_);
-  for (int l = 0; l < L_; ++l) {
-    SeqLayer& sl = s->layers[l];
-    txns[l].layer = l;
-    txns[l].saved = sl;
+  return AllLayersOrNone(s->layers, [&](Txn& t, SeqLayer& sl) {
     sl.committed = n;
-    Status st = FlushCommitted(txns[l], sl);
-    if (!st.ok()) {
-      for (int j = l; j >= 0; --j) RollbackTxn(txns[j], s->layers[j]);
-      return st;
-    }
-  }
-  for (Txn& t : txns) CommitTxn(t);
-  return Status::Ok();
+    return FlushCommitted(t, sl);
+  });
 }
 
 Status ManagedCache::Length(int64_t id, int layer, int64_t* tokens, int64_t* committed) const {
@@ -660,49 +662,43 @@ Status ManagedCache::Import(int64_t id, const void* blob_ptr, size_t n) {
       return corrupt("inconsistent lengths in layer " + std::to_string(l));
     }
     expect += b.record_tiles * Hk_ * rb + b.page_tiles * 2 * page_bytes;
-    if (static_cast<size_t>(b.record_tiles) > layers_[l].free_blocks.size() ||
-        static_cast<size_t>(b.page_tiles) > layers_[l].free_pages.size()) {
-      return {KVARN_ERR_CAPACITY, "not enough free records or pages in layer " + std::to_string(l)};
-    }
   }
   if (expect != n) return corrupt("blob size does not match its layer table");
-  // Every check passed and capacity is there: nothing below can fail.
+  // The blob is consistent; running out of records or pages rolls every layer back.
   Sequence s;
   s.layers.resize(L_);
   size_t off = h.header_bytes;
-  for (int l = 0; l < L_; ++l) {
-    Layer& L = layers_[l];
-    SeqLayer& sl = s.layers[l];
-    sl.len = bl[l].len;
-    sl.committed = bl[l].committed;
-    sl.record_tiles = bl[l].record_tiles;
+  const Status st = AllLayersOrNone(s.layers, [&](Txn& t, SeqLayer& sl) -> Status {
+    Layer& L = layers_[t.layer];
+    sl.len = bl[t.layer].len;
+    sl.committed = bl[t.layer].committed;
+    sl.record_tiles = bl[t.layer].record_tiles;
     const int64_t tiles = CeilDiv(sl.len, G);
     sl.table.resize(tiles);
+    // Records, then fp16 tiles, each in tile order: the order Export writes them.
     for (int64_t tile = 0; tile < tiles; ++tile) {
       if (!IsRecordTile(sl, tile)) continue;
-      const int32_t b = L.free_blocks.back();
-      L.free_blocks.pop_back();
-      L.block_refs[b] = 1;
-      sl.table[tile] = b;
+      KVARN_RETURN_IF_ERROR(AllocBlock(t, &sl.table[tile]));
       for (int h2 = 0; h2 < Hk_; ++h2) {
-        uint8_t* dst =
-            static_cast<uint8_t*>(L.records) + (static_cast<size_t>(b) * Hk_ + h2) * record_stride_;
+        uint8_t* dst = static_cast<uint8_t*>(L.records) +
+                       (static_cast<size_t>(sl.table[tile]) * Hk_ + h2) * record_stride_;
         KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, dst, blob + off, rb, CopyKind::kHostToDevice));
         off += rb;
       }
     }
     for (int64_t tile = 0; tile < tiles; ++tile) {
       if (IsRecordTile(sl, tile)) continue;
-      const int32_t p = L.free_pages.back();
-      L.free_pages.pop_back();
-      sl.table[tile] = p;
+      KVARN_RETURN_IF_ERROR(AllocPage(t, &sl.table[tile]));
       for (void* pool : {L.k_pages, L.v_pages}) {
-        KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, static_cast<uint8_t*>(pool) + p * page_bytes,
-                                              blob + off, page_bytes, CopyKind::kHostToDevice));
+        KVARN_RETURN_IF_ERROR(
+            ctx_->ops->copy(ctx_, static_cast<uint8_t*>(pool) + sl.table[tile] * page_bytes,
+                            blob + off, page_bytes, CopyKind::kHostToDevice));
         off += page_bytes;
       }
     }
-  }
+    return Status::Ok();
+  });
+  if (!st.ok()) return st;
   seqs_.emplace(id, std::move(s));
   return Status::Ok();
 }

@@ -62,6 +62,7 @@ class ManagedCache {
     int layer = 0;
     SeqLayer saved;
     std::vector<int32_t> new_pages, new_blocks, released_pages;
+    std::vector<int32_t> shared_blocks;  // references taken on existing blocks (fork)
   };
 
   ManagedCache() = default;
@@ -75,6 +76,11 @@ class ManagedCache {
   void ReleasePage(Txn& t, int32_t page);
   void CommitTxn(Txn& t);
   void RollbackTxn(Txn& t, SeqLayer& s);
+  // Runs op(txn, layer_state) on every layer of `layers` under one transaction per layer; if
+  // any layer fails, every layer is rolled back and the pools are as before.
+  template <typename Op>
+  Status AllLayersOrNone(std::vector<SeqLayer>& layers, Op op);
+  Status ForkLayer(Txn& t, const SeqLayer& src, int64_t keep, SeqLayer& dst);
   // Quantizes every complete, committed, non-sink fp16 tile of s (in order).
   Status FlushCommitted(Txn& t, SeqLayer& s);
   Status AppendTokens(Txn& t, SeqLayer& s, size_t n, kvarn_dtype_t dtype, const void* k,

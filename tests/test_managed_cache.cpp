@@ -391,6 +391,39 @@ TEST_F(CacheTest, CapacityLimitsAreStatusesAndChangeNothing) {
   EXPECT_EQ(s1.pages, s0.pages);
 }
 
+TEST_F(CacheTest, ForkAndImportOutOfPagesInOneLayerChangeNothing) {
+  kvarn_cache_destroy(cache_);
+  opts_.max_sequences = 3;  // 3 * (1 sink + 2) = 9 pages per layer
+  Make(&cache_);
+  ASSERT_EQ(kvarn_cache_add_sequence(cache_, 1), KVARN_OK);
+  AppendAll(cache_, 1, Random(150), 150);  // sink page + 1 record tile + tail page, each layer
+  size_t n = 0;
+  ASSERT_EQ(kvarn_cache_export_sequence(cache_, 1, nullptr, 0, &n), KVARN_OK);
+  std::vector<uint8_t> blob(n);
+  ASSERT_EQ(kvarn_cache_export_sequence(cache_, 1, blob.data(), n, &n), KVARN_OK);
+  // Sequence 2 holds 6 speculative pages in layer 1 only: layer 1 has one free page left, so a
+  // copy of sequence 1 fits layer 0 and fails half-way through layer 1.
+  ASSERT_EQ(kvarn_cache_add_sequence(cache_, 2), KVARN_OK);
+  ASSERT_EQ(Append(cache_, 2, 1, Random(6 * 64), KVARN_APPEND_SPECULATIVE), KVARN_OK);
+  const auto q = Query();
+  const auto before = Decode(cache_, 1, 1, q);
+  const kvarn_cache_stats_t s0 = Stats(cache_);
+  EXPECT_EQ(kvarn_cache_fork(cache_, 1, 3, -1), KVARN_ERR_CAPACITY);
+  EXPECT_EQ(kvarn_cache_import_sequence(cache_, 3, blob.data(), n), KVARN_ERR_CAPACITY);
+  const kvarn_cache_stats_t s1 = Stats(cache_);
+  EXPECT_EQ(s1.sequences, s0.sequences);
+  EXPECT_EQ(s1.pages, s0.pages);
+  EXPECT_EQ(s1.records, s0.records);
+  EXPECT_EQ(Decode(cache_, 1, 1, q), before);
+  // No reference on a shared record was left behind: once the owners are gone, all is free.
+  ASSERT_EQ(kvarn_cache_remove_sequence(cache_, 2), KVARN_OK);
+  ASSERT_EQ(kvarn_cache_fork(cache_, 1, 3, -1), KVARN_OK);
+  ASSERT_EQ(kvarn_cache_remove_sequence(cache_, 1), KVARN_OK);
+  ASSERT_EQ(kvarn_cache_remove_sequence(cache_, 3), KVARN_OK);
+  EXPECT_EQ(Stats(cache_).records, 0);
+  EXPECT_EQ(Stats(cache_).pages, 0);
+}
+
 TEST_F(CacheTest, ExportImportRoundTripIsExact) {
   ASSERT_EQ(kvarn_cache_add_sequence(cache_, 1), KVARN_OK);
   const Tokens t = Random(333);
