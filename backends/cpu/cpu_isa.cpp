@@ -81,17 +81,19 @@ std::atomic<int>& Cap() {
 const kvarn_cpu_isa_t kOrder[] = {KVARN_CPU_ISA_AVX512, KVARN_CPU_ISA_AVX2, KVARN_CPU_ISA_NEON,
                                   KVARN_CPU_ISA_SCALAR};
 
-int Rank(kvarn_cpu_isa_t isa) {
-  switch (isa) {
-    case KVARN_CPU_ISA_AVX512:
-      return 3;
-    case KVARN_CPU_ISA_AVX2:
-      return 2;
-    case KVARN_CPU_ISA_NEON:
-      return 2;
-    default:
-      return 0;
+// Whether a context capped at `cap` may run `isa`: scalar always, AVX2 under an AVX-512 cap,
+// otherwise only the cap itself (an Arm cap never admits an x86 ISA, and the reverse).
+bool WithinCap(kvarn_cpu_isa_t isa, int cap) {
+  return cap == KVARN_CPU_ISA_NONE || isa == KVARN_CPU_ISA_SCALAR || isa == cap ||
+         (cap == KVARN_CPU_ISA_AVX512 && isa == KVARN_CPU_ISA_AVX2);
+}
+
+// The best ISA that is built, supported by this CPU and within the cap.
+kvarn_cpu_isa_t BestWithin(int cap) {
+  for (kvarn_cpu_isa_t isa : kOrder) {
+    if (IsaBuilt(isa) && CpuHasIsa(isa) && WithinCap(isa, cap)) return isa;
   }
+  return KVARN_CPU_ISA_SCALAR;
 }
 
 }  // namespace
@@ -136,24 +138,9 @@ std::string CpuFeatureString() {
 // Only the scalar reference is compiled so far; SIMD kernels register here as they land.
 bool IsaBuilt(kvarn_cpu_isa_t isa) { return isa == KVARN_CPU_ISA_SCALAR; }
 
-kvarn_cpu_isa_t BestIsa() {
-  for (kvarn_cpu_isa_t isa : kOrder) {
-    if (IsaBuilt(isa) && CpuHasIsa(isa)) return isa;
-  }
-  return KVARN_CPU_ISA_SCALAR;
-}
+kvarn_cpu_isa_t BestIsa() { return BestWithin(KVARN_CPU_ISA_NONE); }
 
-kvarn_cpu_isa_t SelectIsa() {
-  const int cap = Cap().load();
-  for (kvarn_cpu_isa_t isa : kOrder) {
-    if (!IsaBuilt(isa) || !CpuHasIsa(isa)) continue;
-    if (cap != KVARN_CPU_ISA_NONE && Rank(isa) > Rank(static_cast<kvarn_cpu_isa_t>(cap))) continue;
-    if (cap != KVARN_CPU_ISA_NONE && cap == KVARN_CPU_ISA_NEON && isa == KVARN_CPU_ISA_AVX2)
-      continue;
-    return isa;
-  }
-  return KVARN_CPU_ISA_SCALAR;
-}
+kvarn_cpu_isa_t SelectIsa() { return BestWithin(Cap().load()); }
 
 Status SetMaxIsa(kvarn_cpu_isa_t isa) {
   if (isa != KVARN_CPU_ISA_SCALAR && isa != KVARN_CPU_ISA_AVX2 && isa != KVARN_CPU_ISA_AVX512 &&
