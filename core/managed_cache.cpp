@@ -22,11 +22,6 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 Status ManagedCache::Create(Context* ctx, const kvarn_cache_options_t& o,
                             std::unique_ptr<ManagedCache>* out) {
-  if (ctx->backend != KVARN_BACKEND_CPU) {
-    return Unsupported(
-        "the managed cache runs on CPU contexts in this release; GPU pools arrive with the "
-        "CUDA backend");
-  }
   std::unique_ptr<ManagedCache> c(new ManagedCache());
   KVARN_RETURN_IF_ERROR(ParseConfig(&o.config, &c->cfg_));
   if (o.num_layers < 1 || o.num_layers > 4096) return InvalidArgument("num_layers outside 1..4096");
@@ -70,6 +65,7 @@ Status ManagedCache::Create(Context* ctx, const kvarn_cache_options_t& o,
 }
 
 ManagedCache::~ManagedCache() {
+  if (dev_tables_) ctx_->ops->free(ctx_, dev_tables_);
   for (Layer& L : layers_) {
     if (L.records) ctx_->ops->free(ctx_, L.records);
     if (L.k_pages) ctx_->ops->free(ctx_, L.k_pages);
@@ -198,6 +194,40 @@ PagedKV ManagedCache::View(int layer, int batch, const int32_t* table, int32_t m
   return kv;
 }
 
+Status ManagedCache::StageTables(PagedKV* kv) {
+  if (ctx_->backend == KVARN_BACKEND_CPU) return Status::Ok();  // host memory is its memory
+  // GPU contexts read block tables, lengths and record-tile counts from device memory: copy
+  // them into the cache's staging buffer (grown on demand; callers hold mutex_).
+  const size_t table_n = static_cast<size_t>(kv->batch) * kv->max_blocks_per_seq;
+  const size_t bytes = (table_n + 2 * static_cast<size_t>(kv->batch)) * sizeof(int32_t);
+  if (bytes > dev_tables_bytes_) {
+    if (dev_tables_) ctx_->ops->free(ctx_, dev_tables_);
+    dev_tables_ = nullptr;
+    dev_tables_bytes_ = 0;
+    KVARN_RETURN_IF_ERROR(ctx_->ops->alloc(ctx_, bytes, &dev_tables_));
+    dev_tables_bytes_ = bytes;
+  }
+  int32_t* d = static_cast<int32_t*>(dev_tables_);
+  const std::pair<const int32_t*, size_t> parts[] = {
+      {kv->block_table, table_n}, {kv->seq_lens, kv->batch}, {kv->record_tiles, kv->batch}};
+  int32_t* dst = d;
+  for (const auto& part : parts) {
+    KVARN_RETURN_IF_ERROR(ctx_->ops->copy(ctx_, dst, part.first, part.second * sizeof(int32_t),
+                                          CopyKind::kHostToDevice));
+    dst += part.second;
+  }
+  kv->block_table = d;
+  kv->seq_lens = d + table_n;
+  kv->record_tiles = d + table_n + kv->batch;
+  return Status::Ok();
+}
+
+Status ManagedCache::AwaitDevice() {
+  // GPU kernels report what they find in device memory at the next synchronization; the cache
+  // needs the answer before it commits its bookkeeping.
+  return ctx_->backend == KVARN_BACKEND_CPU ? Status::Ok() : ctx_->ops->synchronize(ctx_);
+}
+
 Status ManagedCache::FlushCommitted(Txn& t, SeqLayer& s) {
   const int G = cfg_.G;
   std::vector<int32_t> src, dst;
@@ -241,11 +271,13 @@ Status ManagedCache::AppendTokens(Txn& t, SeqLayer& s, size_t n, kvarn_dtype_t d
     const int32_t len32 = static_cast<int32_t>(s.len);
     const int32_t rt = s.record_tiles;
     const int32_t indptr[2] = {0, static_cast<int32_t>(chunk)};
-    const PagedKV kv =
+    PagedKV kv =
         View(t.layer, 1, s.table.data(), static_cast<int32_t>(s.table.size()), &len32, &rt);
+    KVARN_RETURN_IF_ERROR(StageTables(&kv));
     KVARN_RETURN_IF_ERROR(OpPagedAppend(ctx_, cfg_, kv, indptr, dtype,
                                         static_cast<const uint8_t*>(k) + done * row_bytes,
                                         static_cast<const uint8_t*>(v) + done * row_bytes));
+    KVARN_RETURN_IF_ERROR(AwaitDevice());
     s.len += chunk;
     done += chunk;
     if (commit) {
@@ -459,14 +491,17 @@ Status ManagedCache::Attention(int layer, size_t n_seqs, const int64_t* ids,
     lens[i] = static_cast<int32_t>(rows[i]->len);
     rts[i] = rows[i]->record_tiles;
   }
-  const PagedKV kv =
+  PagedKV kv =
       View(layer, static_cast<int>(n_seqs), table.data(), max_blocks, lens.data(), rts.data());
+  KVARN_RETURN_IF_ERROR(StageTables(&kv));
   const size_t total_q = args.q_indptr ? static_cast<size_t>(args.q_indptr[n_seqs]) : n_seqs;
   size_t ws_bytes = 0;
   KVARN_RETURN_IF_ERROR(OpAttentionWorkspace(ctx_, cfg_, kv, args, total_q, &ws_bytes));
   void* ws = nullptr;
   if (ws_bytes > 0) KVARN_RETURN_IF_ERROR(ctx_->ops->alloc(ctx_, ws_bytes, &ws));
   Status st = OpPagedAttention(ctx_, cfg_, kv, args, q, out, lse, ws, ws_bytes);
+  // The staged tables and the workspace must outlive the kernels.
+  if (st.ok()) st = AwaitDevice();
   if (ws) ctx_->ops->free(ctx_, ws);
   return st;
 }

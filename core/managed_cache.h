@@ -89,6 +89,10 @@ class ManagedCache {
   const Sequence* Find(int64_t id) const;
   size_t PageElems() const { return static_cast<size_t>(Hk_) * cfg_.G * cfg_.D; }
   Status CheckCut(const SeqLayer& s, int64_t n, const char* what) const;
+  // Moves kv's block table, lengths and record-tile counts into the context's memory.
+  Status StageTables(PagedKV* kv);
+  // Waits for the device and returns what its kernels reported (no-op on the CPU).
+  Status AwaitDevice();
 
   Context* ctx_ = nullptr;
   Config cfg_;
@@ -101,6 +105,8 @@ class ManagedCache {
   std::vector<Layer> layers_;
   std::map<int64_t, Sequence> seqs_;
   mutable std::mutex mutex_;
+  void* dev_tables_ = nullptr;  // StageTables' buffer (GPU contexts)
+  size_t dev_tables_bytes_ = 0;
 };
 
 }  // namespace kvarn

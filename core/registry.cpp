@@ -8,6 +8,11 @@ namespace kvarn {
 namespace cpu {
 extern const BackendOps kCpuBackend;
 }
+#ifdef KVARN_WITH_CUDA
+namespace gpu {
+extern const BackendOps kCudaBackend;
+}
+#endif
 
 namespace {
 
@@ -20,8 +25,12 @@ struct Entry {
 
 const Entry kEntries[] = {
     {KVARN_BACKEND_CPU, "cpu", &cpu::kCpuBackend, ""},
+#ifdef KVARN_WITH_CUDA
+    {KVARN_BACKEND_CUDA, "cuda", &gpu::kCudaBackend, ""},
+#else
     {KVARN_BACKEND_CUDA, "cuda", nullptr,
-     "not built: the CUDA backend is not part of this release yet"},
+     "not built: configure with -DKVARN_ENABLE_CUDA=ON (preset 'cuda') to build it"},
+#endif
     {KVARN_BACKEND_ROCM, "rocm", nullptr,
      "not built: the ROCm (HIP) backend is not implemented yet"},
 };

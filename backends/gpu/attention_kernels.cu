@@ -1,0 +1,682 @@
+// Decode and extend attention over records + fp16 pages on CUDA (ALGORITHM.md section 9).
+//
+// Work item = (sequence b, KV head h, split s, row chunk c). The rows of a sequence are its
+// (query token i, query head g of the KV head) pairs, kRows per chunk, so every record is read
+// once per KV head for all the query heads that share it (GQA of any ratio). The scales are
+// folded into the inner products, so the loops run on the integer codes:
+//   score(t) = c_t * (sum_d (q_d a_d) code[d,t] + sum_d q_d z_d)
+//   sum_t p_t V'[t,:] = c' * (sum_t (p_t a'_t) code[t,:] + sum_t p_t z'_t)
+// with an fp32 online softmax per row. Splits cover fixed tile ranges chosen from the shape
+// only (max_blocks_per_seq and the device's SM count), never from seq_lens (device memory), so
+// the launch needs no host synchronization and can be captured in a CUDA graph; a merge kernel
+// combines the splits by log-sum-exp.
+//
+// Block tables, seq_lens and record_tiles are read on the device; bad entries are reported
+// through the context's sticky error words (gpu_common.cuh) and the bad tiles skipped.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "backends/gpu/gpu_common.cuh"
+#include "backends/gpu/gpu_ops.h"
+
+namespace kvarn {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 128;  // 4 warps per work item
+constexpr int kRows = 8;       // query rows per work item
+
+struct AttnParams {
+  // Cache.
+  const uint8_t* records;
+  size_t record_stride;
+  int32_t num_record_blocks;
+  const __half* k_pages;
+  const __half* v_pages;
+  int32_t num_pages;
+  const int32_t* block_table;
+  int32_t max_blocks;
+  const int32_t* seq_lens;
+  const int32_t* record_tiles;
+  int32_t Hk;
+  // Config.
+  int32_t D, G, log2D, kbits, vbits, sink_tiles;
+  int32_t off_kcodes, off_ka, off_kz, off_kc, off_vcodes, off_vc, off_va, off_vz;
+  bool k_rotate, v_rotate;
+  // Queries.
+  const void* q;
+  kvarn_dtype_t q_dtype;
+  const int32_t* q_indptr;  // device copy, or NULL = decode
+  int32_t Hq, group;
+  int32_t chunks_per_seq;
+  float scale;
+  // Outputs.
+  void* out;
+  kvarn_dtype_t out_dtype;
+  float* lse;
+  int32_t splits, tiles_per_split;
+  float* part_ml;   // [rows_total][splits][2] (m, l) when splits > 1
+  float* part_acc;  // [rows_total][splits][D]
+  DeviceErrorWords* errors;
+};
+
+__device__ __forceinline__ float LoadElem(const void* p, size_t i, kvarn_dtype_t dt) {
+  if (dt == KVARN_DTYPE_F32) return static_cast<const float*>(p)[i];
+  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
+  if (dt == KVARN_DTYPE_F16) return __half2float(__ushort_as_half(bits));
+  return __uint_as_float(static_cast<uint32_t>(bits) << 16);  // bf16
+}
+
+__device__ __forceinline__ void StoreElem(void* p, size_t i, kvarn_dtype_t dt, float x) {
+  if (dt == KVARN_DTYPE_F32) {
+    static_cast<float*>(p)[i] = x;
+  } else if (dt == KVARN_DTYPE_F16) {
+    static_cast<__half*>(p)[i] = __float2half_rn(x);
+  } else {
+    // bf16, round to nearest even (NaN stays NaN).
+    uint32_t u = __float_as_uint(x);
+    uint16_t r = (u & 0x7fffffffu) > 0x7f800000u
+                     ? static_cast<uint16_t>((u >> 16) | 0x40u)
+                     : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    static_cast<uint16_t*>(p)[i] = r;
+  }
+}
+
+__device__ __forceinline__ float HalfAt(const uint8_t* base, int i) {
+  return __half2float(reinterpret_cast<const __half*>(base)[i]);
+}
+
+// In-place Walsh-Hadamard transform of n rows of D floats in shared memory, scaled 1/sqrt(D).
+__device__ void BlockFwht(float* rows, int n, int D, int log2D) {
+  const float norm = rsqrtf(static_cast<float>(D));
+  for (int s = 0; s < log2D; ++s) {
+    const int h = 1 << s;
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < n * (D / 2); idx += blockDim.x) {
+      const int r = idx / (D / 2), j = idx % (D / 2);
+      const int i0 = (j / h) * 2 * h + (j % h);
+      float* x = rows + r * D;
+      const float a = x[i0], b = x[i0 + h];
+      x[i0] = a + b;
+      x[i0 + h] = a - b;
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < n * D; idx += blockDim.x) rows[idx] *= norm;
+  __syncthreads();
+}
+
+struct Smem {
+  float* q;      // [kRows][D] rotated query * scale
+  float* qa;     // [D][kRows] q_d * a_d of the current record
+  float* acc;    // [kRows][D]
+  float* p;      // [kRows][G] scores, then probabilities
+  float* ka;     // [D]
+  float* kz;     // [D]
+  float* vc;     // [D]
+  float* kc;     // [G]
+  float* va;     // [G]
+  float* vz;     // [G]
+  float* m;      // [kRows]
+  float* l;      // [kRows]
+  float* alpha;  // [kRows]
+  float* qz;     // [kRows]
+  float* pz;     // [kRows]
+  int* limit;    // [kRows] keys visible to each row (causal); 0 for padding rows
+  int* qrow;     // [kRows] global output row (token * Hq + head), -1 for padding rows
+};
+
+__host__ __device__ inline size_t SmemBytes(int D, int G) {
+  return sizeof(float) * (3 * kRows * D + kRows * G + 3 * D + 3 * G + 5 * kRows) +
+         sizeof(int) * 2 * kRows;
+}
+
+__device__ Smem CarveSmem(unsigned char* raw, int D, int G) {
+  Smem s;
+  float* f = reinterpret_cast<float*>(raw);
+  s.q = f;
+  f += kRows * D;
+  s.qa = f;
+  f += kRows * D;
+  s.acc = f;
+  f += kRows * D;
+  s.p = f;
+  f += kRows * G;
+  s.ka = f;
+  f += D;
+  s.kz = f;
+  f += D;
+  s.vc = f;
+  f += D;
+  s.kc = f;
+  f += G;
+  s.va = f;
+  f += G;
+  s.vz = f;
+  f += G;
+  s.m = f;
+  f += kRows;
+  s.l = f;
+  f += kRows;
+  s.alpha = f;
+  f += kRows;
+  s.qz = f;
+  f += kRows;
+  s.pz = f;
+  f += kRows;
+  s.limit = reinterpret_cast<int*>(f);
+  s.qrow = s.limit + kRows;
+  return s;
+}
+
+__device__ __forceinline__ int Code(const uint8_t* row, int idx, int bits) {
+  const int per = 8 / bits;
+  return (row[idx / per] >> ((idx % per) * bits)) & ((1 << bits) - 1);
+}
+
+__global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int D = P.D, G = P.G;
+  Smem S = CarveSmem(smem_raw, D, G);
+  const int split = blockIdx.x, h = blockIdx.y;
+  const int b = blockIdx.z / P.chunks_per_seq, chunk = blockIdx.z % P.chunks_per_seq;
+  const int tid = threadIdx.x;
+
+  const int N = P.seq_lens[b];
+  const int rt = P.record_tiles[b];
+  const int q0 = P.q_indptr ? P.q_indptr[b] : b;
+  const int nq = P.q_indptr ? P.q_indptr[b + 1] - q0 : 1;
+  const int rows_b = nq * P.group;
+  const int row0 = chunk * kRows;
+  if (row0 >= rows_b) return;  // this sequence has fewer query rows
+  const int tiles = (N + G - 1) / G;
+  if (N < 0 || tiles > P.max_blocks || rt < 0 || (rt > 0 && P.sink_tiles + rt > N / G)) {
+    if (tid == 0 && split == 0 && h == 0 && chunk == 0) {
+      ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrSeqLen, b, N);
+    }
+    return;
+  }
+  if (nq > N) {
+    if (tid == 0 && split == 0 && h == 0 && chunk == 0) {
+      ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrQueryLen, b, nq);
+    }
+    return;
+  }
+  const int nrows = min(kRows, rows_b - row0);
+
+  // Rows: (query token i, head g) of this KV head; load, rotate and scale the queries.
+  if (tid < kRows) {
+    if (tid < nrows) {
+      const int r = row0 + tid, i = r / P.group, g = r % P.group;
+      S.qrow[tid] = (q0 + i) * P.Hq + h * P.group + g;
+      S.limit[tid] = N - nq + i + 1;
+    } else {
+      S.qrow[tid] = -1;
+      S.limit[tid] = 0;
+    }
+    S.m[tid] = -INFINITY;
+    S.l[tid] = 0.f;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kRows * D; idx += kThreads) {
+    const int r = idx / D, d = idx % D;
+    S.q[idx] =
+        S.qrow[r] >= 0 ? LoadElem(P.q, static_cast<size_t>(S.qrow[r]) * D + d, P.q_dtype) : 0.f;
+    S.acc[idx] = 0.f;
+  }
+  if (P.k_rotate) BlockFwht(S.q, kRows, D, P.log2D);
+  for (int idx = tid; idx < kRows * D; idx += kThreads) S.q[idx] *= P.scale;
+  __syncthreads();
+
+  const int t_begin = split * P.tiles_per_split;
+  const int t_end = min(tiles, t_begin + P.tiles_per_split);
+  const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
+  const size_t page_elems = static_cast<size_t>(P.Hk) * G * D;
+  const int warp = tid / kWarpSize, lane = tid % kWarpSize;
+  constexpr int kWarps = kThreads / kWarpSize;
+
+  for (int tile = t_begin; tile < t_end; ++tile) {
+    const bool is_record = tile >= P.sink_tiles && tile < P.sink_tiles + rt;
+    const int id = table[tile];
+    if (id < 0 || id >= (is_record ? P.num_record_blocks : P.num_pages)) {
+      if (tid == 0)
+        ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
+      continue;
+    }
+    const int key0 = tile * G;
+    const uint8_t* rec = nullptr;
+    const __half* kp = nullptr;
+    const __half* vp = nullptr;
+    if (is_record) {
+      rec = P.records + (static_cast<size_t>(id) * P.Hk + h) * P.record_stride;
+      for (int d = tid; d < D; d += kThreads) {
+        S.ka[d] = HalfAt(rec + P.off_ka, d);
+        S.kz[d] = HalfAt(rec + P.off_kz, d);
+        S.vc[d] = HalfAt(rec + P.off_vc, d);
+      }
+      for (int t = tid; t < G; t += kThreads) {
+        S.kc[t] = HalfAt(rec + P.off_kc, t);
+        S.va[t] = HalfAt(rec + P.off_va, t);
+        S.vz[t] = HalfAt(rec + P.off_vz, t);
+      }
+      __syncthreads();
+      // qa[d][r] = q_r,d * a_d; qz[r] = sum_d q_r,d z_d (one warp per row).
+      for (int idx = tid; idx < kRows * D; idx += kThreads) {
+        const int d = idx / kRows, r = idx % kRows;
+        S.qa[idx] = S.q[r * D + d] * S.ka[d];
+      }
+      for (int r = warp; r < kRows; r += kWarps) {
+        float acc = 0.f;
+        for (int d = lane; d < D; d += kWarpSize) acc += S.q[r * D + d] * S.kz[d];
+        for (int o = kWarpSize / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) S.qz[r] = acc;
+      }
+      __syncthreads();
+    } else {
+      kp = P.k_pages + static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * D;
+      vp = P.v_pages + static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * D;
+    }
+
+    // Scores: one thread per token (and, for G < kThreads, several threads per token over
+    // interleaved channel ranges, combined in shared memory through the qa area's reuse order).
+    for (int t = tid; t < G; t += kThreads) {
+      float s[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) s[r] = 0.f;
+      if (is_record) {
+        const uint8_t* kcodes = rec + P.off_kcodes;
+        const int row_bytes = G * P.kbits / 8;
+        for (int d = 0; d < D; ++d) {
+          const float c =
+              static_cast<float>(Code(kcodes + static_cast<size_t>(d) * row_bytes, t, P.kbits));
+          const float4* qa4 = reinterpret_cast<const float4*>(S.qa + d * kRows);
+          const float4 x = qa4[0], y = qa4[1];
+          s[0] += x.x * c;
+          s[1] += x.y * c;
+          s[2] += x.z * c;
+          s[3] += x.w * c;
+          s[4] += y.x * c;
+          s[5] += y.y * c;
+          s[6] += y.z * c;
+          s[7] += y.w * c;
+        }
+        const float kc = S.kc[t];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) s[r] = kc * (s[r] + S.qz[r]);
+      } else {
+        const uint4* krow = reinterpret_cast<const uint4*>(kp + static_cast<size_t>(t) * D);
+        for (int d8 = 0; d8 < D / 8; ++d8) {
+          const uint4 u = krow[d8];
+          const __half2* hh = reinterpret_cast<const __half2*>(&u);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            const float2 kv = __half22float2(hh[j]);
+            const int d = d8 * 8 + 2 * j;
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+              s[r] += S.q[r * D + d] * kv.x + S.q[r * D + d + 1] * kv.y;
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        S.p[r * G + t] = key0 + t < S.limit[r] ? s[r] : -INFINITY;
+      }
+    }
+    __syncthreads();
+
+    // Online softmax per row (one warp per row).
+    for (int r = warp; r < kRows; r += kWarps) {
+      float mx = -INFINITY;
+      for (int t = lane; t < G; t += kWarpSize) mx = fmaxf(mx, S.p[r * G + t]);
+      for (int o = kWarpSize / 2; o > 0; o /= 2)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      const float m_old = S.m[r];
+      const float m_new = fmaxf(m_old, mx);
+      float sum = 0.f, pz = 0.f;
+      for (int t = lane; t < G; t += kWarpSize) {
+        const float e = m_new == -INFINITY ? 0.f : __expf(S.p[r * G + t] - m_new);
+        if (is_record) {
+          pz += e * S.vz[t];
+          S.p[r * G + t] = e * S.va[t];  // fold a'_t into the probability
+        } else {
+          S.p[r * G + t] = e;
+        }
+        sum += e;
+      }
+      for (int o = kWarpSize / 2; o > 0; o /= 2) {
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        pz += __shfl_xor_sync(0xffffffffu, pz, o);
+      }
+      if (lane == 0) {
+        const float alpha = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
+        S.alpha[r] = alpha;
+        S.l[r] = S.l[r] * alpha + sum;
+        S.m[r] = m_new;
+        S.pz[r] = pz;
+      }
+    }
+    __syncthreads();
+
+    // Values: one thread per channel.
+    for (int d = tid; d < D; d += kThreads) {
+      float v[kRows];
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) v[r] = 0.f;
+      if (is_record) {
+        const uint8_t* vcodes = rec + P.off_vcodes;
+        const int row_bytes = D * P.vbits / 8;
+        for (int t = 0; t < G; ++t) {
+          const float c =
+              static_cast<float>(Code(vcodes + static_cast<size_t>(t) * row_bytes, d, P.vbits));
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) v[r] += S.p[r * G + t] * c;
+        }
+        const float vc = S.vc[d];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          S.acc[r * D + d] = S.acc[r * D + d] * S.alpha[r] + vc * (v[r] + S.pz[r]);
+        }
+      } else {
+        // Page slots past the sequence end may hold anything (even NaN): never read them.
+        const int valid = min(G, N - key0);
+        for (int t = 0; t < valid; ++t) {
+          const float x = __half2float(vp[static_cast<size_t>(t) * D + d]);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) v[r] += S.p[r * G + t] * x;
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) S.acc[r * D + d] = S.acc[r * D + d] * S.alpha[r] + v[r];
+      }
+    }
+    __syncthreads();
+  }
+
+  if (P.splits > 1) {
+    // Partial state for the merge kernel (an empty split has m = -inf).
+    for (int idx = tid; idx < kRows * D; idx += kThreads) {
+      const int r = idx / D, d = idx % D;
+      if (S.qrow[r] < 0) continue;
+      P.part_acc[(static_cast<size_t>(S.qrow[r]) * P.splits + split) * D + d] = S.acc[idx];
+    }
+    if (tid < kRows && S.qrow[tid] >= 0) {
+      float* ml = P.part_ml + (static_cast<size_t>(S.qrow[tid]) * P.splits + split) * 2;
+      ml[0] = S.m[tid];
+      ml[1] = S.l[tid];
+    }
+    return;
+  }
+  // One split: normalize, un-rotate, store.
+  for (int idx = tid; idx < kRows * D; idx += kThreads) {
+    const int r = idx / D;
+    S.acc[idx] = S.l[r] > 0.f ? S.acc[idx] / S.l[r] : 0.f;
+  }
+  if (P.v_rotate) BlockFwht(S.acc, kRows, D, P.log2D);
+  __syncthreads();
+  for (int idx = tid; idx < kRows * D; idx += kThreads) {
+    const int r = idx / D, d = idx % D;
+    if (S.qrow[r] >= 0)
+      StoreElem(P.out, static_cast<size_t>(S.qrow[r]) * D + d, P.out_dtype, S.acc[idx]);
+  }
+  if (P.lse && tid < kRows && S.qrow[tid] >= 0) {
+    P.lse[S.qrow[tid]] = S.m[tid] + logf(S.l[tid]);
+  }
+}
+
+// Merges the splits of one output row (query token, query head) by log-sum-exp.
+__global__ void __launch_bounds__(kThreads) MergeKernel(AttnParams P, int rows_total) {
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  float* o = reinterpret_cast<float*>(smem_raw);  // [D]
+  __shared__ float w_s[64];
+  __shared__ float denom;
+  const int row = blockIdx.x;
+  if (row >= rows_total) return;
+  const int D = P.D;
+  const float* ml = P.part_ml + static_cast<size_t>(row) * P.splits * 2;
+  // The splits of a row that held no key keep m = -inf; they were never written when the
+  // sequence was shorter, so the kernel above writes every split it runs (see launch).
+  if (threadIdx.x == 0) {
+    float M = -INFINITY;
+    for (int s = 0; s < P.splits; ++s) M = fmaxf(M, ml[2 * s]);
+    float L = 0.f;
+    for (int s = 0; s < P.splits; ++s) {
+      const float w = ml[2 * s] == -INFINITY ? 0.f : __expf(ml[2 * s] - M);
+      w_s[s] = w;
+      L += ml[2 * s + 1] * w;
+    }
+    denom = L;
+    if (P.lse) P.lse[row] = M + logf(L);
+  }
+  __syncthreads();
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float acc = 0.f;
+    for (int s = 0; s < P.splits; ++s) {
+      if (w_s[s] != 0.f)
+        acc += P.part_acc[(static_cast<size_t>(row) * P.splits + s) * D + d] * w_s[s];
+    }
+    o[d] = denom > 0.f ? acc / denom : 0.f;
+  }
+  if (P.v_rotate) BlockFwht(o, 1, D, P.log2D);
+  __syncthreads();
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    StoreElem(P.out, static_cast<size_t>(row) * D + d, P.out_dtype, o[d]);
+  }
+}
+
+// Marks every (row, split) partial as empty, so splits past a sequence's end (which return
+// without writing) merge as nothing.
+__global__ void ClearPartials(float* ml, size_t n) {
+  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
+  if (i < n) {
+    ml[2 * i] = -INFINITY;
+    ml[2 * i + 1] = 0.f;
+  }
+}
+
+struct Plan {
+  int splits = 1;
+  int tiles_per_split = 1;
+  int chunks_per_seq = 1;
+  size_t rows_total = 0;
+  size_t ml_bytes = 0, acc_bytes = 0, indptr_bytes = 0;
+  size_t workspace = 0;
+};
+
+size_t Align256(size_t x) { return (x + 255) / 256 * 256; }
+
+Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
+                size_t total_q, Plan* plan) {
+  const int G = cfg.G, group = args.num_q_heads / kv.num_kv_heads;
+  int max_q = 1;
+  if (args.q_indptr) {
+    if (args.q_indptr[0] != 0) return InvalidArgument("q_indptr[0] must be 0");
+    max_q = 0;
+    for (int b = 0; b < kv.batch; ++b) {
+      const int nq = args.q_indptr[b + 1] - args.q_indptr[b];
+      if (nq < 0) return InvalidArgument("q_indptr must not decrease");
+      max_q = std::max(max_q, nq);
+    }
+  }
+  Plan p;
+  p.chunks_per_seq = std::max(1, (max_q * group + kRows - 1) / kRows);
+  const int max_tiles = std::max(1, kv.max_blocks_per_seq);
+  const int64_t items = static_cast<int64_t>(kv.batch) * kv.num_kv_heads * p.chunks_per_seq;
+  int splits;
+  if (args.num_splits > 0) {
+    splits = std::min({args.num_splits, max_tiles, 64});
+  } else {
+    // Enough work items to fill the device twice over, at least 4 tiles per split.
+    const int sms = State(ctx)->sm_count;
+    const int64_t want = (2 * static_cast<int64_t>(sms) + items - 1) / std::max<int64_t>(items, 1);
+    splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, (max_tiles + 3) / 4)));
+    splits = std::min(splits, 64);
+  }
+  p.tiles_per_split = (max_tiles + splits - 1) / splits;
+  p.splits = (max_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
+  p.rows_total = total_q * static_cast<size_t>(args.num_q_heads);
+  if (p.splits > 1) {
+    p.ml_bytes = Align256(p.rows_total * p.splits * 2 * sizeof(float));
+    p.acc_bytes = Align256(p.rows_total * p.splits * cfg.D * sizeof(float));
+  }
+  if (args.q_indptr) p.indptr_bytes = Align256((kv.batch + 1) * sizeof(int32_t));
+  p.workspace = p.ml_bytes + p.acc_bytes + p.indptr_bytes;
+  (void)G;
+  *plan = p;
+  return Status::Ok();
+}
+
+int Log2(int x) {
+  int l = 0;
+  while ((1 << l) < x) ++l;
+  return l;
+}
+
+}  // namespace
+}  // namespace gpu
+}  // namespace kvarn
+
+#include "backends/gpu/attention_mma.cuh"
+
+namespace kvarn {
+namespace gpu {
+namespace {
+
+// The tensor-core kernel covers the design point (D128, G 64/128, k4v2) on sm_80+ when every
+// pointer it reads with 16-byte loads is 16-byte aligned; KVARN_CUDA_ATTENTION=generic forces
+// the general kernel (tests compare the two).
+bool UseMmaKernel(const CudaState* st, const Config& cfg, const PagedKV& kv) {
+  static const bool forced_generic = [] {
+    const char* e = std::getenv("KVARN_CUDA_ATTENTION");
+    return e != nullptr && std::string(e) == "generic";
+  }();
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return !forced_generic && st->cc_major >= 8 && cfg.D == mma::kD &&
+         (cfg.G == 64 || cfg.G == 128) && cfg.key_bits == 4 && cfg.value_bits == 2 &&
+         kv.record_stride % 16 == 0 && aligned(kv.records) && aligned(kv.k_pages) &&
+         aligned(kv.v_pages);
+}
+
+}  // namespace
+
+Status AttentionWorkspace(Context* ctx, const Config& cfg, const PagedKV& kv,
+                          const AttentionArgs& args, size_t total_q, size_t* bytes) {
+  Plan p;
+  KVARN_RETURN_IF_ERROR(MakePlan(ctx, cfg, kv, args, total_q, &p));
+  *bytes = p.workspace;
+  return Status::Ok();
+}
+
+Status LaunchGeneric(CudaState* st, const Config& cfg, const AttnParams& P, dim3 grid);
+
+Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
+                      const void* q, void* out, float* lse, void* workspace,
+                      size_t workspace_bytes) {
+  CudaState* st = State(ctx);
+  const size_t total_q =
+      args.q_indptr ? static_cast<size_t>(args.q_indptr[kv.batch]) : static_cast<size_t>(kv.batch);
+  Plan plan;
+  KVARN_RETURN_IF_ERROR(MakePlan(ctx, cfg, kv, args, total_q, &plan));
+  if (workspace_bytes < plan.workspace || (plan.workspace > 0 && workspace == nullptr)) {
+    return {KVARN_ERR_BUFFER_TOO_SMALL,
+            "workspace of " + std::to_string(workspace_bytes) + " bytes; this shape needs " +
+                std::to_string(plan.workspace) + " (kvarn_paged_attention_workspace_size)"};
+  }
+  if (kv.batch == 0 || total_q == 0) return Status::Ok();
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  AttnParams P{};
+  P.records = kv.records;
+  P.record_stride = kv.record_stride;
+  P.num_record_blocks = kv.num_record_blocks;
+  P.k_pages = reinterpret_cast<const __half*>(kv.k_pages);
+  P.v_pages = reinterpret_cast<const __half*>(kv.v_pages);
+  P.num_pages = kv.num_pages;
+  P.block_table = kv.block_table;
+  P.max_blocks = kv.max_blocks_per_seq;
+  P.seq_lens = kv.seq_lens;
+  P.record_tiles = kv.record_tiles;
+  P.Hk = kv.num_kv_heads;
+  P.D = cfg.D;
+  P.G = cfg.G;
+  P.log2D = Log2(cfg.D);
+  P.kbits = cfg.key_bits;
+  P.vbits = cfg.value_bits;
+  P.sink_tiles = cfg.sink_tiles;
+  const RecordLayout& L = cfg.layout;
+  P.off_kcodes = static_cast<int32_t>(L.offset[KVARN_FIELD_K_CODES]);
+  P.off_ka = static_cast<int32_t>(L.offset[KVARN_FIELD_K_SCALE]);
+  P.off_kz = static_cast<int32_t>(L.offset[KVARN_FIELD_K_ZERO]);
+  P.off_kc = static_cast<int32_t>(L.offset[KVARN_FIELD_K_TOKEN_SCALE]);
+  P.off_vcodes = static_cast<int32_t>(L.offset[KVARN_FIELD_V_CODES]);
+  P.off_vc = static_cast<int32_t>(L.offset[KVARN_FIELD_V_CHANNEL_SCALE]);
+  P.off_va = static_cast<int32_t>(L.offset[KVARN_FIELD_V_SCALE]);
+  P.off_vz = static_cast<int32_t>(L.offset[KVARN_FIELD_V_ZERO]);
+  P.k_rotate = cfg.k_rotate;
+  P.v_rotate = cfg.v_rotate;
+  P.q = q;
+  P.q_dtype = args.q_dtype;
+  P.Hq = args.num_q_heads;
+  P.group = args.num_q_heads / kv.num_kv_heads;
+  P.chunks_per_seq = plan.chunks_per_seq;
+  P.scale = args.scale;
+  P.out = out;
+  P.out_dtype = args.out_dtype;
+  P.lse = lse;
+  P.splits = plan.splits;
+  P.tiles_per_split = plan.tiles_per_split;
+  P.errors = st->errors;
+  if (plan.splits > 1) {
+    P.part_ml = reinterpret_cast<float*>(ws);
+    P.part_acc = reinterpret_cast<float*>(ws + plan.ml_bytes);
+  }
+  if (args.q_indptr) {
+    int32_t* d_indptr = reinterpret_cast<int32_t*>(ws + plan.ml_bytes + plan.acc_bytes);
+    KVARN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_indptr, args.q_indptr,
+                                               (kv.batch + 1) * sizeof(int32_t),
+                                               cudaMemcpyHostToDevice, st->stream));
+    P.q_indptr = d_indptr;
+  }
+  const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * plan.chunks_per_seq);
+  if (plan.splits > 1) {
+    const size_t n = plan.rows_total * plan.splits;
+    ClearPartials<<<CeilDivU(n, 256), 256, 0, st->stream>>>(P.part_ml, n);
+    KVARN_RETURN_IF_ERROR(CheckLaunch("ClearPartials"));
+  }
+  if (UseMmaKernel(st, cfg, kv)) {
+    const size_t smem = sizeof(mma::MmaSmem);
+    if (cfg.G == 128) {
+      mma::MmaAttentionKernel<8><<<grid, mma::kWarps * kWarpSize, smem, st->stream>>>(P);
+    } else {
+      mma::MmaAttentionKernel<4><<<grid, mma::kWarps * kWarpSize, smem, st->stream>>>(P);
+    }
+    KVARN_RETURN_IF_ERROR(CheckLaunch("MmaAttentionKernel"));
+  } else {
+    KVARN_RETURN_IF_ERROR(LaunchGeneric(st, cfg, P, grid));
+  }
+  if (plan.splits > 1) {
+    MergeKernel<<<static_cast<unsigned>(plan.rows_total), kThreads, cfg.D * sizeof(float),
+                  st->stream>>>(P, static_cast<int>(plan.rows_total));
+    KVARN_RETURN_IF_ERROR(CheckLaunch("MergeKernel"));
+  }
+  return Status::Ok();
+}
+
+Status LaunchGeneric(CudaState* st, const Config& cfg, const AttnParams& P, dim3 grid) {
+  const size_t smem = SmemBytes(cfg.D, cfg.G);
+  if (smem > 48 * 1024) {
+    if (smem > static_cast<size_t>(st->max_smem_optin)) {
+      return Unsupported("attention for D " + std::to_string(cfg.D) + ", G " +
+                         std::to_string(cfg.G) + " needs " + std::to_string(smem) +
+                         " bytes of shared memory; this device allows " +
+                         std::to_string(st->max_smem_optin));
+    }
+    KVARN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+        AttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  }
+  AttentionKernel<<<grid, kThreads, smem, st->stream>>>(P);
+  return CheckLaunch("AttentionKernel");
+}
+
+}  // namespace gpu
+}  // namespace kvarn

@@ -1,0 +1,525 @@
+// The tensor-core path of paged attention (sm_80+): D128, G 64/128, 4-bit keys, 2-bit values.
+// Included by attention_kernels.cu (AttnParams, BlockFwht, the work-item layout and the merge
+// are shared with the general kernel there).
+//
+// Each warp takes whole tiles of its work item's split and keeps its own online softmax; the
+// CTA's 4 warps merge at the end. Per tile, with 8 query rows n (zero-padded):
+//   scores  S^T[t, n] = sum_d code[d, t] * (q'[n, d] a_d)      (mma m16n8k16: M tokens, K d)
+//   values  O^T[d, n] += sum_t code[t, d] * (p[n, t] a'_t)     (mma m16n8k16: M d, K tokens)
+// The integer codes are the A operand, unpacked to fp16 with byte permutes and the 0x6400
+// exponent trick (1024 + code, then minus 1024: exact). Which token or channel sits at which
+// fragment position is chosen so that every byte a thread loads feeds its own fragments:
+//   scores: m-tile j, row g -> token 2*TM*g + 2j (low nibble), row g+8 -> the next token (high
+//           nibble); k slot 2c+e+8h -> channel 16i + 4c + e + 2h (4 channels of a thread adjacent)
+//   values: m-tile mt, row g -> channel 16g + 4(mt/2) + 2(mt%2), row g+8 -> the next channel;
+//           k slot -> token 16kc + slot (identity, so P comes from shared memory by ldmatrix).
+#pragma once
+
+namespace kvarn {
+namespace gpu {
+namespace mma {
+
+constexpr int kWarps = 4;
+constexpr int kD = 128;
+constexpr int kKChunks = kD / 16;  // k-chunks of the score product, m-tiles of the value product
+constexpr int kPStride = 128 + 8;  // halves per row of a warp's P buffer (padding: no conflicts)
+
+__device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+__device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Two codes (bits [shift, shift+bits) of bytes 0 and 2 of z) as an exact fp16 pair.
+template <int kMask>
+__device__ __forceinline__ uint32_t CodesToHalf2(uint32_t z, int shift) {
+  const uint32_t biased = ((z >> shift) & (kMask * 0x00010001u)) | 0x64006400u;  // 1024 + code
+  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased), __float2half2_rn(1024.f));
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Bytes k of x and of y into bytes 0 and 2 (bytes 1 and 3 are masked away by CodesToHalf2).
+__device__ __forceinline__ uint32_t PairBytes(uint32_t x, uint32_t y, int k) {
+  return __byte_perm(x, y, static_cast<uint32_t>(k | (k << 8) | ((4 + k) << 16) | ((4 + k) << 24)));
+}
+
+__device__ __forceinline__ float2 Half2AsFloat2(uint32_t u) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+
+__device__ __forceinline__ void LdMatrixX2(uint32_t (&b)[2], const __half* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
+               : "=r"(b[0]), "=r"(b[1])
+               : "r"(a));
+#endif
+}
+
+// Loads 2*TM halves of per-token fp16 scales of thread group g as floats.
+template <int TM>
+__device__ __forceinline__ void LoadTokenScales(const uint8_t* field, int g, float (&out)[2 * TM]) {
+  const uint4* p = reinterpret_cast<const uint4*>(field + 2 * (2 * TM * g));
+#pragma unroll
+  for (int v = 0; v < TM / 4; ++v) {
+    const uint4 u = __ldg(p + v);
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float2 f = Half2AsFloat2(w[e]);
+      out[8 * v + 2 * e] = f.x;
+      out[8 * v + 2 * e + 1] = f.y;
+    }
+  }
+}
+
+// Per-warp state of the online softmax over the tiles it visits (log2 domain).
+struct WarpState {
+  float m[2];              // running max of rows 2c, 2c+1 (warp-uniform per row)
+  float l[2];              // partial sums of this thread's tokens
+  float acc[kKChunks][4];  // O^T fragments: m-tile mt, (channel, row) pairs as in Mma16816
+};
+
+// Scores of one tile into s (C fragments of TM m-tiles), with masking and softmax; writes
+// p * a'_t (or p) for rows n = 2c, 2c+1 to the warp's P buffer and returns in alpha the
+// rescale factors and in pz the value-zero sums of the two rows.
+template <int TM>
+__device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 * TM],
+                                        const float (&va)[2 * TM], const float (&vz)[2 * TM],
+                                        bool is_record, float qz0, float qz1, int key0, int lim0,
+                                        int lim1, int g, int c, WarpState& W, __half* pbuf,
+                                        float (&alpha)[2], float (&pz)[2]) {
+  float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < TM; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {  // e: token 2*TM*g + 2j + e (C rows g and g+8)
+      const int t = 2 * TM * g + 2 * j + e;
+      const int key = key0 + t;
+      float a = s[j][2 * e], b = s[j][2 * e + 1];
+      if (is_record) {
+        a = ct[2 * j + e] * (a + qz0);
+        b = ct[2 * j + e] * (b + qz1);
+      }
+      a = key < lim0 ? a : -INFINITY;
+      b = key < lim1 ? b : -INFINITY;
+      s[j][2 * e] = a;
+      s[j][2 * e + 1] = b;
+      mx0 = fmaxf(mx0, a);
+      mx1 = fmaxf(mx1, b);
+    }
+  }
+#pragma unroll
+  for (int o = 4; o < 32; o *= 2) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
+  }
+  const float mn0 = fmaxf(W.m[0], mx0), mn1 = fmaxf(W.m[1], mx1);
+  alpha[0] = W.m[0] == -INFINITY ? 0.f : exp2f(W.m[0] - mn0);
+  alpha[1] = W.m[1] == -INFINITY ? 0.f : exp2f(W.m[1] - mn1);
+  W.m[0] = mn0;
+  W.m[1] = mn1;
+  float sum0 = 0.f, sum1 = 0.f, z0 = 0.f, z1 = 0.f;
+  uint32_t packed0[TM], packed1[TM];
+#pragma unroll
+  for (int j = 0; j < TM; ++j) {
+    float p[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const float mn = (e & 1) ? mn1 : mn0;
+      p[e] = mn == -INFINITY ? 0.f : exp2f(s[j][e] - mn);
+    }
+    sum0 += p[0] + p[2];
+    sum1 += p[1] + p[3];
+    if (is_record) {
+      const float a0 = va[2 * j], a1 = va[2 * j + 1];
+      z0 += p[0] * vz[2 * j] + p[2] * vz[2 * j + 1];
+      z1 += p[1] * vz[2 * j] + p[3] * vz[2 * j + 1];
+      packed0[j] = PackHalf2(p[0] * a0, p[2] * a1);
+      packed1[j] = PackHalf2(p[1] * a0, p[3] * a1);
+    } else {
+      packed0[j] = PackHalf2(p[0], p[2]);
+      packed1[j] = PackHalf2(p[1], p[3]);
+    }
+  }
+  W.l[0] = W.l[0] * alpha[0] + sum0;
+  W.l[1] = W.l[1] * alpha[1] + sum1;
+#pragma unroll
+  for (int o = 4; o < 32; o *= 2) {
+    z0 += __shfl_xor_sync(0xffffffffu, z0, o);
+    z1 += __shfl_xor_sync(0xffffffffu, z1, o);
+  }
+  pz[0] = z0;
+  pz[1] = z1;
+  // Rows 2c and 2c+1, tokens 2*TM*g .. 2*TM*g + 2*TM - 1 (16-byte stores).
+  uint4* r0 = reinterpret_cast<uint4*>(pbuf + (2 * c) * kPStride + 2 * TM * g);
+  uint4* r1 = reinterpret_cast<uint4*>(pbuf + (2 * c + 1) * kPStride + 2 * TM * g);
+#pragma unroll
+  for (int v = 0; v < TM / 4; ++v) {
+    r0[v] = make_uint4(packed0[4 * v], packed0[4 * v + 1], packed0[4 * v + 2], packed0[4 * v + 3]);
+    r1[v] = make_uint4(packed1[4 * v], packed1[4 * v + 1], packed1[4 * v + 2], packed1[4 * v + 3]);
+  }
+  __syncwarp();
+}
+
+// One record tile for one warp.
+template <int TM>
+__device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* rec, const float* qs,
+                                           int key0, int lim0, int lim1, __half* pbuf,
+                                           WarpState& W) {
+  const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
+  constexpr int G = 16 * TM;
+  // B fragments of the score product: (q' a) for row n = g, channels 16i + 4c + 0..3.
+  uint32_t qa[kKChunks][2];
+  float qzp = 0.f;
+  const float* qrow = qs + g * kD;
+#pragma unroll
+  for (int i = 0; i < kKChunks; ++i) {
+    const int d = 16 * i + 4 * c;
+    const uint2 ua = __ldg(reinterpret_cast<const uint2*>(rec + P.off_ka + 2 * d));
+    const uint2 uz = __ldg(reinterpret_cast<const uint2*>(rec + P.off_kz + 2 * d));
+    const float4 q4 = *reinterpret_cast<const float4*>(qrow + d);
+    const float2 a01 = Half2AsFloat2(ua.x), a23 = Half2AsFloat2(ua.y);
+    const float2 z01 = Half2AsFloat2(uz.x), z23 = Half2AsFloat2(uz.y);
+    qa[i][0] = PackHalf2(q4.x * a01.x, q4.y * a01.y);
+    qa[i][1] = PackHalf2(q4.z * a23.x, q4.w * a23.y);
+    qzp += q4.x * z01.x + q4.y * z01.y + q4.z * z23.x + q4.w * z23.y;
+  }
+  qzp += __shfl_xor_sync(0xffffffffu, qzp, 1);
+  qzp += __shfl_xor_sync(0xffffffffu, qzp, 2);
+  const float qz0 = __shfl_sync(0xffffffffu, qzp, (2 * c) * 4);
+  const float qz1 = __shfl_sync(0xffffffffu, qzp, (2 * c + 1) * 4);
+
+  // Scores.
+  float s[TM][4];
+#pragma unroll
+  for (int j = 0; j < TM; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+  const uint8_t* kcodes = rec + P.off_kcodes;
+  constexpr int kRowBytes = G / 2;  // 4-bit codes of G tokens
+#pragma unroll
+  for (int i = 0; i < kKChunks; ++i) {
+    uint32_t w[4][TM / 4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const uint8_t* row = kcodes + (16 * i + 4 * c + r) * kRowBytes + TM * g;
+      if constexpr (TM == 8) {
+        const uint2 u = __ldg(reinterpret_cast<const uint2*>(row));
+        w[r][0] = u.x;
+        w[r][1] = u.y;
+      } else {
+        w[r][0] = __ldg(reinterpret_cast<const uint32_t*>(row));
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < TM; ++j) {
+      const uint32_t z01 = PairBytes(w[0][j / 4], w[1][j / 4], j % 4);
+      const uint32_t z23 = PairBytes(w[2][j / 4], w[3][j / 4], j % 4);
+      const uint32_t a[4] = {CodesToHalf2<0xF>(z01, 0), CodesToHalf2<0xF>(z01, 4),
+                             CodesToHalf2<0xF>(z23, 0), CodesToHalf2<0xF>(z23, 4)};
+      Mma16816(s[j], a, qa[i]);
+    }
+  }
+  float ct[2 * TM], va[2 * TM], vz[2 * TM];
+  LoadTokenScales<TM>(rec + P.off_kc, g, ct);
+  LoadTokenScales<TM>(rec + P.off_va, g, va);
+  LoadTokenScales<TM>(rec + P.off_vz, g, vz);
+  float alpha[2], pz[2];
+  Softmax<TM>(s, ct, va, vz, true, qz0, qz1, key0, lim0, lim1, g, c, W, pbuf, alpha, pz);
+
+  // Values: O^T[d, n] for d = 16g + 4k + {0..3}.
+  float o[kKChunks][4];
+#pragma unroll
+  for (int mt = 0; mt < kKChunks; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  const uint8_t* vcodes = rec + P.off_vcodes;
+  constexpr int kVRowBytes = kD / 4;  // 2-bit codes of D channels
+#pragma unroll
+  for (int kc = 0; kc < TM; ++kc) {
+    uint32_t b[2];
+    LdMatrixX2(b, pbuf + (lane % 8) * kPStride + 16 * kc + 8 * ((lane / 8) % 2));
+    const uint8_t* base = vcodes + (16 * kc + 2 * c) * kVRowBytes + 4 * g;
+    const uint32_t x = __ldg(reinterpret_cast<const uint32_t*>(base));
+    const uint32_t y = __ldg(reinterpret_cast<const uint32_t*>(base + kVRowBytes));
+    const uint32_t u = __ldg(reinterpret_cast<const uint32_t*>(base + 8 * kVRowBytes));
+    const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(base + 9 * kVRowBytes));
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const uint32_t zxy = PairBytes(x, y, k), zuv = PairBytes(u, v, k);
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int sh = 4 * half;
+        const uint32_t a[4] = {CodesToHalf2<0x3>(zxy, sh), CodesToHalf2<0x3>(zxy, sh + 2),
+                               CodesToHalf2<0x3>(zuv, sh), CodesToHalf2<0x3>(zuv, sh + 2)};
+        Mma16816(o[2 * k + half], a, b);
+      }
+    }
+  }
+  // acc = alpha * acc + c'_d * (o + pz); channel of o[mt][0..1] = 16g + 4(mt/2) + 2(mt%2), of
+  // o[mt][2..3] the next one.
+  const uint4* vcp = reinterpret_cast<const uint4*>(rec + P.off_vc + 2 * (16 * g));
+  const uint4 c0 = __ldg(vcp), c1 = __ldg(vcp + 1);
+  const uint32_t cw[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+#pragma unroll
+  for (int mt = 0; mt < kKChunks; ++mt) {
+    const float2 cv = Half2AsFloat2(cw[mt]);  // channels 16g + 2mt, +1
+    W.acc[mt][0] = W.acc[mt][0] * alpha[0] + cv.x * (o[mt][0] + pz[0]);
+    W.acc[mt][1] = W.acc[mt][1] * alpha[1] + cv.x * (o[mt][1] + pz[1]);
+    W.acc[mt][2] = W.acc[mt][2] * alpha[0] + cv.y * (o[mt][2] + pz[0]);
+    W.acc[mt][3] = W.acc[mt][3] * alpha[1] + cv.y * (o[mt][3] + pz[1]);
+  }
+  __syncwarp();
+}
+
+// One fp16 page tile (sink or tail) for one warp: the same fragments, read from halves.
+template <int TM>
+__device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int valid,
+                                         const float* qs, int key0, int lim0, int lim1,
+                                         __half* pbuf, WarpState& W) {
+  const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
+  uint32_t qh[kKChunks][2];
+  const float* qrow = qs + g * kD;
+#pragma unroll
+  for (int i = 0; i < kKChunks; ++i) {
+    const float4 q4 = *reinterpret_cast<const float4*>(qrow + 16 * i + 4 * c);
+    qh[i][0] = PackHalf2(q4.x, q4.y);
+    qh[i][1] = PackHalf2(q4.z, q4.w);
+  }
+  float s[TM][4];
+#pragma unroll
+  for (int j = 0; j < TM; ++j) {
+    s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    const int t0 = 2 * TM * g + 2 * j;
+    // Rows past the sequence end may hold anything: their scores are masked below, and their
+    // values are never read (zeroed), so NaN cannot leak in.
+    const __half* r0 = kp + static_cast<size_t>(t0) * kD;
+    const __half* r1 = r0 + kD;
+#pragma unroll
+    for (int i = 0; i < kKChunks; ++i) {
+      const uint2 u0 = __ldg(reinterpret_cast<const uint2*>(r0 + 16 * i + 4 * c));
+      const uint2 u1 = __ldg(reinterpret_cast<const uint2*>(r1 + 16 * i + 4 * c));
+      const uint32_t a[4] = {u0.x, u1.x, u0.y, u1.y};
+      Mma16816(s[j], a, qh[i]);
+    }
+  }
+  float none[2 * TM];
+  float alpha[2], pz[2];
+  Softmax<TM>(s, none, none, none, false, 0.f, 0.f, key0, lim0, lim1, g, c, W, pbuf, alpha, pz);
+  float o[kKChunks][4];
+#pragma unroll
+  for (int mt = 0; mt < kKChunks; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+#pragma unroll
+  for (int kc = 0; kc < TM; ++kc) {
+    uint32_t b[2];
+    LdMatrixX2(b, pbuf + (lane % 8) * kPStride + 16 * kc + 8 * ((lane / 8) % 2));
+    uint32_t rows[4][8];  // tokens 16kc + 2c + {0, 1, 8, 9}, channels 16g .. 16g+15
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int t = 16 * kc + 2 * c + (r & 1) + 8 * (r >> 1);
+      const uint4* p = reinterpret_cast<const uint4*>(vp + static_cast<size_t>(t) * kD + 16 * g);
+      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
+      if (t < valid) {
+        lo = __ldg(p);
+        hi = __ldg(p + 1);
+      }
+      const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) rows[r][e] = w[e];
+    }
+#pragma unroll
+    for (int mt = 0; mt < kKChunks; ++mt) {
+      // Word mt of a row holds channels 16g + 2mt, +1 (rows g and g+8 of m-tile mt).
+      const uint32_t a[4] = {__byte_perm(rows[0][mt], rows[1][mt], 0x5410),
+                             __byte_perm(rows[0][mt], rows[1][mt], 0x7632),
+                             __byte_perm(rows[2][mt], rows[3][mt], 0x5410),
+                             __byte_perm(rows[2][mt], rows[3][mt], 0x7632)};
+      Mma16816(o[mt], a, b);
+    }
+  }
+#pragma unroll
+  for (int mt = 0; mt < kKChunks; ++mt) {
+    W.acc[mt][0] = W.acc[mt][0] * alpha[0] + o[mt][0];
+    W.acc[mt][1] = W.acc[mt][1] * alpha[1] + o[mt][1];
+    W.acc[mt][2] = W.acc[mt][2] * alpha[0] + o[mt][2];
+    W.acc[mt][3] = W.acc[mt][3] * alpha[1] + o[mt][3];
+  }
+  __syncwarp();
+}
+
+struct MmaSmem {
+  float q[kRows * kD];                 // rotated queries * scale * log2(e)
+  __half p[kWarps][kRows * kPStride];  // per-warp probabilities
+  float wm[kWarps][kRows], wl[kWarps][kRows];
+  float acc[kWarps][kRows * kD];  // per-warp outputs for the CTA merge
+  float out[kRows * kD];
+  float m[kRows], l[kRows];
+  int limit[kRows], qrow[kRows];
+};
+
+template <int TM>
+__global__ void __launch_bounds__(kWarps * 32) MmaAttentionKernel(AttnParams P) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  MmaSmem& S = *reinterpret_cast<MmaSmem*>(smem_raw);
+  constexpr int G = 16 * TM;
+  const int split = blockIdx.x, h = blockIdx.y;
+  const int b = blockIdx.z / P.chunks_per_seq, chunk = blockIdx.z % P.chunks_per_seq;
+  const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int g = lane >> 2, c = lane & 3;
+
+  const int N = P.seq_lens[b];
+  const int rt = P.record_tiles[b];
+  const int q0 = P.q_indptr ? P.q_indptr[b] : b;
+  const int nq = P.q_indptr ? P.q_indptr[b + 1] - q0 : 1;
+  const int rows_b = nq * P.group;
+  const int row0 = chunk * kRows;
+  if (row0 >= rows_b) return;
+  const int tiles = (N + G - 1) / G;
+  if (N < 0 || tiles > P.max_blocks || rt < 0 || (rt > 0 && P.sink_tiles + rt > N / G)) {
+    if (tid == 0 && split == 0 && h == 0 && chunk == 0) {
+      ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrSeqLen, b, N);
+    }
+    return;
+  }
+  if (nq > N) {
+    if (tid == 0 && split == 0 && h == 0 && chunk == 0) {
+      ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrQueryLen, b, nq);
+    }
+    return;
+  }
+  const int nrows = min(kRows, rows_b - row0);
+  if (tid < kRows) {
+    if (tid < nrows) {
+      const int r = row0 + tid, i = r / P.group, gg = r % P.group;
+      S.qrow[tid] = (q0 + i) * P.Hq + h * P.group + gg;
+      S.limit[tid] = N - nq + i + 1;
+    } else {
+      S.qrow[tid] = -1;
+      S.limit[tid] = 0;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
+    const int r = idx / kD, d = idx % kD;
+    S.q[idx] =
+        S.qrow[r] >= 0 ? LoadElem(P.q, static_cast<size_t>(S.qrow[r]) * kD + d, P.q_dtype) : 0.f;
+  }
+  if (P.k_rotate) BlockFwht(S.q, kRows, kD, P.log2D);
+  const float qscale = P.scale * 1.4426950408889634f;  // scores in the log2 domain
+  for (int idx = tid; idx < kRows * kD; idx += blockDim.x) S.q[idx] *= qscale;
+  __syncthreads();
+
+  WarpState W;
+  W.m[0] = W.m[1] = -INFINITY;
+  W.l[0] = W.l[1] = 0.f;
+#pragma unroll
+  for (int mt = 0; mt < kKChunks; ++mt)
+    W.acc[mt][0] = W.acc[mt][1] = W.acc[mt][2] = W.acc[mt][3] = 0.f;
+  const int lim0 = S.limit[2 * c], lim1 = S.limit[2 * c + 1];
+  const int t_begin = split * P.tiles_per_split;
+  const int t_end = min(tiles, t_begin + P.tiles_per_split);
+  const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
+  const size_t page_elems = static_cast<size_t>(P.Hk) * G * kD;
+  __half* pbuf = S.p[warp];
+  for (int tile = t_begin + warp; tile < t_end; tile += kWarps) {
+    const bool is_record = tile >= P.sink_tiles && tile < P.sink_tiles + rt;
+    const int id = table[tile];
+    if (id < 0 || id >= (is_record ? P.num_record_blocks : P.num_pages)) {
+      if (lane == 0)
+        ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
+      continue;
+    }
+    if (is_record) {
+      const uint8_t* rec = P.records + (static_cast<size_t>(id) * P.Hk + h) * P.record_stride;
+      RecordTile<TM>(P, rec, S.q, tile * G, lim0, lim1, pbuf, W);
+    } else {
+      const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * kD;
+      PageTile<TM>(reinterpret_cast<const __half*>(P.k_pages) + off,
+                   reinterpret_cast<const __half*>(P.v_pages) + off, min(G, N - tile * G), S.q,
+                   tile * G, lim0, lim1, pbuf, W);
+    }
+  }
+
+  // Merge the warps: sums of l over the thread groups, then maxima and weights across warps.
+  float l0 = W.l[0], l1 = W.l[1];
+#pragma unroll
+  for (int o = 4; o < 32; o *= 2) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, o);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, o);
+  }
+  if (g == 0) {
+    S.wm[warp][2 * c] = W.m[0];
+    S.wm[warp][2 * c + 1] = W.m[1];
+    S.wl[warp][2 * c] = l0;
+    S.wl[warp][2 * c + 1] = l1;
+  }
+#pragma unroll
+  for (int mt = 0; mt < kKChunks; ++mt) {
+    const int d = 16 * g + 2 * mt;
+    S.acc[warp][(2 * c) * kD + d] = W.acc[mt][0];
+    S.acc[warp][(2 * c + 1) * kD + d] = W.acc[mt][1];
+    S.acc[warp][(2 * c) * kD + d + 1] = W.acc[mt][2];
+    S.acc[warp][(2 * c + 1) * kD + d + 1] = W.acc[mt][3];
+  }
+  __syncthreads();
+  if (tid < kRows) {
+    float M = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, S.wm[w][tid]);
+    float L = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      if (S.wm[w][tid] != -INFINITY) L += S.wl[w][tid] * exp2f(S.wm[w][tid] - M);
+    }
+    S.m[tid] = M;
+    S.l[tid] = L;
+  }
+  __syncthreads();
+  for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
+    const int r = idx / kD;
+    float o = 0.f;
+    for (int w = 0; w < kWarps; ++w) {
+      if (S.wm[w][r] != -INFINITY) o += S.acc[w][idx] * exp2f(S.wm[w][r] - S.m[r]);
+    }
+    S.out[idx] = o;
+  }
+  __syncthreads();
+  constexpr float kLn2 = 0.6931471805599453f;
+  if (P.splits > 1) {
+    for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
+      const int r = idx / kD, d = idx % kD;
+      if (S.qrow[r] < 0) continue;
+      P.part_acc[(static_cast<size_t>(S.qrow[r]) * P.splits + split) * kD + d] = S.out[idx];
+    }
+    if (tid < kRows && S.qrow[tid] >= 0) {
+      float* ml = P.part_ml + (static_cast<size_t>(S.qrow[tid]) * P.splits + split) * 2;
+      ml[0] = S.m[tid] == -INFINITY ? -INFINITY : S.m[tid] * kLn2;  // natural-log domain
+      ml[1] = S.l[tid];
+    }
+    return;
+  }
+  for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
+    const int r = idx / kD;
+    S.out[idx] = S.l[r] > 0.f ? S.out[idx] / S.l[r] : 0.f;
+  }
+  if (P.v_rotate) BlockFwht(S.out, kRows, kD, P.log2D);
+  for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
+    const int r = idx / kD, d = idx % kD;
+    if (S.qrow[r] >= 0)
+      StoreElem(P.out, static_cast<size_t>(S.qrow[r]) * kD + d, P.out_dtype, S.out[idx]);
+  }
+  if (P.lse && tid < kRows && S.qrow[tid] >= 0) {
+    P.lse[S.qrow[tid]] = S.m[tid] * kLn2 + logf(S.l[tid]);
+  }
+#endif
+}
+
+}  // namespace mma
+}  // namespace gpu
+}  // namespace kvarn

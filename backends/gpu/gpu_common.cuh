@@ -1,0 +1,112 @@
+// Portability and error plumbing shared by the GPU kernels. Kernels are written once; this
+// header maps the few runtime names they use (CUDA today, HIP through the same names later) and
+// never lets a warp size appear as a literal.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "core/backend.h"
+#include "core/status.h"
+
+namespace kvarn {
+namespace gpu {
+
+constexpr int kWarpSize = 32;  // CUDA; a HIP build sets 64 for CDNA
+
+// Sticky device-side error words of a context (see DeviceError below). Kernels that find bad
+// data in device memory (a block-table entry out of range, a non-finite input) cannot return a
+// status; they record the first error here and skip the bad work, and the host reports it at
+// the next synchronize or copy on that context.
+struct DeviceErrorWords {
+  int32_t code;  // kvarn_status_t of the first error, 0 if none
+  int32_t what;  // DeviceErrorKind
+  int32_t a;     // details (sequence, tile, ...)
+  int32_t b;
+  int32_t launch_flag;  // per-launch "something was wrong" flag for validate-then-write pairs
+};
+
+enum DeviceErrorKind : int32_t {
+  kErrNone = 0,
+  kErrBlockTable = 1,  // a = sequence, b = tile
+  kErrSeqLen = 2,      // a = sequence, b = value
+  kErrNonFinite = 3,   // a = token, b = head
+  kErrOverflow = 4,    // a = token or tile, b = head
+  kErrQueryLen = 5,    // a = sequence, b = query tokens
+};
+
+__device__ inline void ReportDeviceError(DeviceErrorWords* e, kvarn_status_t code,
+                                         DeviceErrorKind what, int32_t a, int32_t b) {
+  atomicExch(&e->launch_flag, 1);
+  if (atomicCAS(&e->code, 0, static_cast<int32_t>(code)) == 0) {
+    e->what = what;
+    e->a = a;
+    e->b = b;
+  }
+}
+
+// What a GPU context keeps (Context::backend_state).
+struct CudaState {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  int sm_count = 0;
+  int max_smem_optin = 0;  // bytes of dynamic shared memory a block may opt into
+  int cc_major = 0, cc_minor = 0;
+  DeviceErrorWords* errors = nullptr;  // device memory
+  // Staging memory for validate-then-write operations, grown on demand.
+  void* scratch = nullptr;
+  size_t scratch_bytes = 0;
+};
+
+inline CudaState* State(Context* ctx) { return static_cast<CudaState*>(ctx->backend_state); }
+
+inline Status CudaError(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return Status::Ok();
+  kvarn_status_t code = e == cudaErrorMemoryAllocation ? KVARN_ERR_OUT_OF_MEMORY : KVARN_ERR_DEVICE;
+  return {code,
+          std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")"};
+}
+
+// Makes the context's device current for the scope and restores the caller's device after.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device) {
+    if (cudaGetDevice(&saved_) != cudaSuccess) saved_ = -1;
+    if (saved_ != device) cudaSetDevice(device);
+  }
+  ~DeviceGuard() {
+    int now = -1;
+    if (saved_ >= 0 && cudaGetDevice(&now) == cudaSuccess && now != saved_) cudaSetDevice(saved_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int saved_ = -1;
+};
+
+// Checks a launch: the configuration error, if any, is reported now; faults inside the kernel
+// surface at the next synchronization.
+inline Status CheckLaunch(const char* kernel) { return CudaError(cudaGetLastError(), kernel); }
+
+// Ensures ctx's scratch holds at least `bytes` (allocation only when it must grow).
+Status EnsureScratch(Context* ctx, size_t bytes, void** out);
+
+// Clears the per-launch flag on the context's stream (for validate-then-write pairs).
+Status ResetLaunchFlag(Context* ctx);
+
+// For synchronous validate-then-write operations: waits for the context's stream, then, if the
+// launch flag is set (this launch found bad data), copies the error words to *words, clears
+// them and sets *failed; otherwise leaves them (a pending asynchronous error stays sticky).
+Status SyncAndTakeLaunchError(Context* ctx, bool* failed, DeviceErrorWords* words);
+
+inline unsigned CeilDivU(size_t a, size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+}  // namespace gpu
+}  // namespace kvarn
+
+#define KVARN_CUDA_RETURN_IF_ERROR(call) \
+  KVARN_RETURN_IF_ERROR(::kvarn::gpu::CudaError((call), #call))

@@ -1,0 +1,31 @@
+// Entry points of the CUDA backend's operations, called through the backend table in
+// cuda_backend.cu with the context's device already current. Arguments are checked by
+// core/ops.cpp; pointers are device pointers except where the C API says host.
+#pragma once
+
+#include "core/backend.h"
+
+namespace kvarn {
+namespace gpu {
+
+// codec_kernels.cu
+Status Rotate(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const void* in,
+              kvarn_dtype_t out_dtype, void* out);
+Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype, const void* k,
+                const void* v, uint32_t flags, void* records, size_t record_stride);
+Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* records,
+                  size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k, void* v);
+Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int32_t* token_indptr,
+                   kvarn_dtype_t dtype, const void* k, const void* v);
+Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
+                  const int32_t* src_pages, const int32_t* dst_blocks);
+
+// attention_kernels.cu
+Status AttentionWorkspace(Context* ctx, const Config& cfg, const PagedKV& kv,
+                          const AttentionArgs& args, size_t total_q, size_t* bytes);
+Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
+                      const void* q, void* out, float* lse, void* workspace,
+                      size_t workspace_bytes);
+
+}  // namespace gpu
+}  // namespace kvarn

@@ -1,0 +1,4 @@
+# GPU attention benchmark (CUDA events over the public API); built with the CUDA backend.
+add_executable(bench_cuda_attention ${CMAKE_CURRENT_LIST_DIR}/bench_cuda_attention.cu)
+target_link_libraries(bench_cuda_attention PRIVATE kvarn::kvarn CUDA::cudart)
+set_target_properties(bench_cuda_attention PROPERTIES CUDA_STANDARD 17)

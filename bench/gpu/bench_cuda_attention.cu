@@ -1,0 +1,269 @@
+// Decode attention over a k4v2 KVarN cache on CUDA (TARGETS.md shapes): time per call, bytes
+// read, achieved bandwidth against the HBM peak and against a read-only kernel measured in the
+// same run. Uses the public C API for attention; CUDA events for timing.
+//
+//   bench_cuda_attention [--quick] [--csv FILE]
+//
+// The pools hold real records: a few hundred tiles of synthetic K/V are quantized through
+// kvarn_quantize and replicated over the pool (attention's speed does not depend on the values,
+// only on their being finite), block tables are random permutations.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kvarn/kvarn.h"
+
+#define CHECK_CUDA(x)                                                                         \
+  do {                                                                                        \
+    cudaError_t e_ = (x);                                                                     \
+    if (e_ != cudaSuccess) {                                                                  \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+      std::exit(2);                                                                           \
+    }                                                                                         \
+  } while (0)
+#define CHECK_KV(x)                                                                       \
+  do {                                                                                    \
+    kvarn_status_t s_ = (x);                                                              \
+    if (s_ != KVARN_OK) {                                                                 \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, kvarn_last_error()); \
+      std::exit(2);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+namespace {
+
+__global__ void ReadKernel(const uint4* p, size_t n, uint32_t* sink) {
+  uint32_t acc = 0;
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<size_t>(gridDim.x) * blockDim.x) {
+    const uint4 v = __ldg(p + i);
+    acc ^= v.x ^ v.y ^ v.z ^ v.w;
+  }
+  if (acc == 0x12345678u) *sink = acc;  // keeps the loads alive
+}
+
+// Read bandwidth of this device, bytes/s (median of several runs over 4 GB).
+double MeasureReadBandwidth() {
+  const size_t bytes = size_t{4} << 30;
+  void* buf;
+  uint32_t* sink;
+  CHECK_CUDA(cudaMalloc(&buf, bytes));
+  CHECK_CUDA(cudaMalloc(&sink, 4));
+  CHECK_CUDA(cudaMemset(buf, 1, bytes));
+  int sms = 0;
+  CHECK_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaEvent_t a, b;
+  CHECK_CUDA(cudaEventCreate(&a));
+  CHECK_CUDA(cudaEventCreate(&b));
+  std::vector<float> ms;
+  for (int i = 0; i < 12; ++i) {
+    CHECK_CUDA(cudaEventRecord(a));
+    ReadKernel<<<sms * 8, 512>>>(static_cast<const uint4*>(buf), bytes / 16, sink);
+    CHECK_CUDA(cudaEventRecord(b));
+    CHECK_CUDA(cudaEventSynchronize(b));
+    float t;
+    CHECK_CUDA(cudaEventElapsedTime(&t, a, b));
+    if (i >= 2) ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CHECK_CUDA(cudaFree(buf));
+  CHECK_CUDA(cudaFree(sink));
+  return bytes / (ms[ms.size() / 2] * 1e-3);
+}
+
+struct Shape {
+  int batch, ctx;
+  int nq = 1;  // query tokens per sequence (1 = decode; more = extend, causal at the end)
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool quick = false;
+  const char* csv_path = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+  }
+  const int D = 128, G = 128, Hq = 32, Hk = 8;
+  kvarn_context_options_t o;
+  kvarn_context_options_defaults(&o);
+  o.backend = KVARN_BACKEND_CUDA;
+  kvarn_context_t* ctx = nullptr;
+  CHECK_KV(kvarn_context_create(&o, &ctx));
+  kvarn_config_t cfg;
+  CHECK_KV(kvarn_config_from_preset("k4v2_g128", D, &cfg));
+  size_t rb = 0;
+  CHECK_KV(kvarn_record_bytes(&cfg, &rb));
+  const size_t stride = (rb + 15) / 16 * 16;
+
+  // A few hundred real records (quantized on the CPU from random data).
+  const int kUnique = 256;
+  std::vector<uint8_t> unique(kUnique * stride, 0);
+  {
+    kvarn_context_options_t co;
+    kvarn_context_options_defaults(&co);
+    co.backend = KVARN_BACKEND_CPU;
+    kvarn_context_t* cpu = nullptr;
+    CHECK_KV(kvarn_context_create(&co, &cpu));
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd;
+    std::vector<float> k(size_t{kUnique} * G * D), v(k.size());
+    for (auto& x : k) x = nd(rng);
+    for (auto& x : v) x = nd(rng);
+    CHECK_KV(kvarn_quantize(cpu, &cfg, kUnique, KVARN_DTYPE_F32, k.data(), v.data(), 0,
+                            unique.data(), stride));
+    kvarn_context_destroy(cpu);
+  }
+
+  const double read_bw = MeasureReadBandwidth();
+  std::printf("device read bandwidth (read-only kernel, 4 GB): %.2f TB/s\n", read_bw / 1e12);
+
+  std::vector<Shape> shapes;
+  for (int b : {1, 8, 32}) {
+    for (int c : {4096, 32768, 131072}) {
+      if (quick && c > 32768) continue;
+      shapes.push_back({b, c});
+    }
+  }
+  shapes.push_back({1, 32768 + 2048, 2048});  // extend: 2k new tokens over 32k cached
+  FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
+  if (csv) std::fprintf(csv, "batch,ctx,nq,ms,bytes,tbps,peak_frac,read_frac\n");
+  std::printf("%6s %7s %9s %10s %8s %8s %8s\n", "batch", "ctx", "ms", "MB read", "TB/s", "/4.8",
+              "/read");
+  cudaEvent_t ev0, ev1;
+  CHECK_CUDA(cudaEventCreate(&ev0));
+  CHECK_CUDA(cudaEventCreate(&ev1));
+  for (const Shape& s : shapes) {
+    const int tiles = (s.ctx + G - 1) / G;
+    const int rec_tiles = tiles - cfg.sink_tiles - 1;  // sink and the last tile stay fp16
+    const int blocks = s.batch * rec_tiles;
+    const int pages = s.batch * 2;
+    void *records, *kp, *vp, *table, *lens, *rt, *q, *out, *ws = nullptr;
+    CHECK_KV(kvarn_memory_alloc(ctx, size_t(blocks) * Hk * stride, &records));
+    const size_t page_bytes = size_t(Hk) * G * D * 2;
+    CHECK_KV(kvarn_memory_alloc(ctx, pages * page_bytes, &kp));
+    CHECK_KV(kvarn_memory_alloc(ctx, pages * page_bytes, &vp));
+    // Fill the record pool by doubling copies of the unique records.
+    CHECK_KV(kvarn_memory_copy(ctx, records, unique.data(),
+                               std::min<size_t>(unique.size(), size_t(blocks) * Hk * stride),
+                               KVARN_COPY_HOST_TO_DEVICE));
+    for (size_t done = std::min<size_t>(unique.size(), size_t(blocks) * Hk * stride);
+         done < size_t(blocks) * Hk * stride;) {
+      const size_t n = std::min(done, size_t(blocks) * Hk * stride - done);
+      CHECK_KV(kvarn_memory_copy(ctx, static_cast<uint8_t*>(records) + done, records, n,
+                                 KVARN_COPY_DEVICE_TO_DEVICE));
+      done += n;
+    }
+    {
+      std::mt19937 rng(11);
+      std::normal_distribution<float> nd;
+      std::vector<uint16_t> hp(pages * page_bytes / 2);
+      for (auto& x : hp) {
+        float f = nd(rng);
+        // fp16 bits of a small normal value (exact enough for a benchmark).
+        uint32_t u;
+        std::memcpy(&u, &f, 4);
+        const uint32_t sign = (u >> 16) & 0x8000u;
+        int e = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
+        x = e <= 0 ? static_cast<uint16_t>(sign)
+                   : static_cast<uint16_t>(sign | (std::min(e, 30) << 10) | ((u >> 13) & 0x3ff));
+      }
+      CHECK_KV(kvarn_memory_copy(ctx, kp, hp.data(), hp.size() * 2, KVARN_COPY_HOST_TO_DEVICE));
+      CHECK_KV(kvarn_memory_copy(ctx, vp, hp.data(), hp.size() * 2, KVARN_COPY_HOST_TO_DEVICE));
+    }
+    std::vector<int32_t> h_table(size_t(s.batch) * tiles), h_lens(s.batch, s.ctx),
+        h_rt(s.batch, rec_tiles);
+    std::vector<int32_t> perm(blocks);
+    for (int i = 0; i < blocks; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), std::mt19937(5));
+    for (int b = 0; b < s.batch; ++b) {
+      h_table[size_t(b) * tiles] = 2 * b;  // sink page
+      for (int i = 0; i < rec_tiles; ++i)
+        h_table[size_t(b) * tiles + 1 + i] = perm[b * rec_tiles + i];
+      h_table[size_t(b) * tiles + tiles - 1] = 2 * b + 1;  // tail page
+    }
+    CHECK_KV(kvarn_memory_alloc(ctx, h_table.size() * 4, &table));
+    CHECK_KV(kvarn_memory_alloc(ctx, s.batch * 4, &lens));
+    CHECK_KV(kvarn_memory_alloc(ctx, s.batch * 4, &rt));
+    CHECK_KV(kvarn_memory_copy(ctx, table, h_table.data(), h_table.size() * 4,
+                               KVARN_COPY_HOST_TO_DEVICE));
+    CHECK_KV(kvarn_memory_copy(ctx, lens, h_lens.data(), s.batch * 4, KVARN_COPY_HOST_TO_DEVICE));
+    CHECK_KV(kvarn_memory_copy(ctx, rt, h_rt.data(), s.batch * 4, KVARN_COPY_HOST_TO_DEVICE));
+    const size_t total_q = size_t(s.batch) * s.nq;
+    std::vector<int32_t> q_indptr(s.batch + 1);
+    for (int b = 0; b <= s.batch; ++b) q_indptr[b] = b * s.nq;
+    std::vector<uint16_t> hq(total_q * Hq * D, 0x3c00);  // 1.0
+    for (size_t i = 0; i < hq.size(); ++i)
+      hq[i] = static_cast<uint16_t>(0x3000 + (i * 7919) % 0x0c00);
+    CHECK_KV(kvarn_memory_alloc(ctx, hq.size() * 2, &q));
+    CHECK_KV(kvarn_memory_alloc(ctx, hq.size() * 2, &out));
+    CHECK_KV(kvarn_memory_copy(ctx, q, hq.data(), hq.size() * 2, KVARN_COPY_HOST_TO_DEVICE));
+
+    kvarn_paged_kv_t kv;
+    kvarn_paged_kv_defaults(&kv);
+    kv.num_kv_heads = Hk;
+    kv.batch = s.batch;
+    kv.records = records;
+    kv.record_stride = stride;
+    kv.num_record_blocks = blocks;
+    kv.k_pages = kp;
+    kv.v_pages = vp;
+    kv.num_pages = pages;
+    kv.block_table = static_cast<const int32_t*>(table);
+    kv.max_blocks_per_seq = tiles;
+    kv.seq_lens = static_cast<const int32_t*>(lens);
+    kv.record_tiles = static_cast<const int32_t*>(rt);
+    kvarn_attention_params_t p;
+    kvarn_attention_params_defaults(&p);
+    p.num_q_heads = Hq;
+    p.q_dtype = KVARN_DTYPE_F16;
+    p.out_dtype = KVARN_DTYPE_F16;
+    p.q_indptr = s.nq > 1 ? q_indptr.data() : nullptr;
+    size_t ws_bytes = 0;
+    CHECK_KV(kvarn_paged_attention_workspace_size(ctx, &cfg, &kv, &p, total_q, &ws_bytes));
+    if (ws_bytes) CHECK_KV(kvarn_memory_alloc(ctx, ws_bytes, &ws));
+    auto call = [&] {
+      CHECK_KV(kvarn_paged_attention(ctx, &cfg, &kv, &p, q, out, nullptr, ws, ws_bytes));
+    };
+    for (int i = 0; i < 3; ++i) call();
+    CHECK_KV(kvarn_context_synchronize(ctx));
+    const int iters = s.ctx * s.batch >= (1 << 20) ? 20 : 100;
+    std::vector<float> ms;
+    for (int rep = 0; rep < 5; ++rep) {
+      CHECK_CUDA(cudaEventRecord(ev0));
+      for (int i = 0; i < iters; ++i) call();
+      CHECK_CUDA(cudaEventRecord(ev1));
+      CHECK_CUDA(cudaEventSynchronize(ev1));
+      float t;
+      CHECK_CUDA(cudaEventElapsedTime(&t, ev0, ev1));
+      ms.push_back(t / iters);
+    }
+    CHECK_KV(kvarn_context_synchronize(ctx));
+    std::sort(ms.begin(), ms.end());
+    const double t = ms[ms.size() / 2];
+    const double bytes =
+        double(s.batch) * Hk * (double(rec_tiles) * rb + 2.0 * (s.ctx - rec_tiles * G) * D * 2);
+    const double bw = bytes / (t * 1e-3);
+    std::printf("%6d %7d%s %9.4f %10.1f %8.3f %7.1f%% %7.1f%%\n", s.batch, s.ctx,
+                s.nq > 1 ? (" q" + std::to_string(s.nq)).c_str() : "", t, bytes / 1e6, bw / 1e12,
+                100 * bw / 4.8e12, 100 * bw / read_bw);
+    if (csv) {
+      std::fprintf(csv, "%d,%d,%d,%.5f,%.0f,%.4f,%.4f,%.4f\n", s.batch, s.ctx, s.nq, t, bytes,
+                   bw / 1e12, bw / 4.8e12, bw / read_bw);
+    }
+    for (void* ptr : {records, kp, vp, table, lens, rt, q, out, ws}) {
+      if (ptr) kvarn_memory_free(ctx, ptr);
+    }
+  }
+  if (csv) std::fclose(csv);
+  kvarn_context_destroy(ctx);
+  return 0;
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One call on the lent H200: build the CUDA backend, run the GPU suites, benchmark, print a table.
+#   bench/gpu/device_run.sh [test|bench|sanitize|all] [ctest -R regex]
+# Needs googletest sources in .devdeps/googletest (carried; Debian's /usr/src/googletest).
+# Logs and CSVs go to $OUT (the device tool brings them back).
+set -uo pipefail
+mode=${1:-all}
+filter=${2:-}
+OUT=${OUT:-/tmp/kvarn-out}
+mkdir -p "$OUT"
+J=$(nproc)
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+
+if [[ ! -f /tmp/gt/lib/cmake/GTest/GTestConfig.cmake ]]; then
+  cmake -S .devdeps/googletest -B /tmp/gt-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_INSTALL_PREFIX=/tmp/gt >"$OUT/gtest.log" 2>&1 &&
+    cmake --build /tmp/gt-build -j"$J" >>"$OUT/gtest.log" 2>&1 &&
+    cmake --install /tmp/gt-build >>"$OUT/gtest.log" 2>&1 || { tail -20 "$OUT/gtest.log"; exit 1; }
+fi
+cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVARN_ENABLE_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DKVARN_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH=/tmp/gt \
+  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build/dev -j"$J" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+
+summary=()
+if [[ $mode == test || $mode == all ]]; then
+  args=(-L gpu -j2 --timeout 300)
+  [[ -n $filter ]] && args+=(-R "$filter")
+  ctest --test-dir build/dev "${args[@]}" --output-on-failure >"$OUT/ctest_gpu.log" 2>&1
+  rc=$?
+  grep -E "tests passed|Failed|\*\*\*|SKIPPED" "$OUT/ctest_gpu.log" | grep -v "^\s*$" | tail -25
+  summary+=("gpu ctest rc=$rc: $(grep 'tests passed' "$OUT/ctest_gpu.log")")
+  # The general attention kernel on the shapes the tensor-core kernel normally takes.
+  KVARN_CUDA_ATTENTION=generic build/dev/tests/kvarn_test_cuda_attention --gtest_brief=1 \
+    >"$OUT/attention_generic.log" 2>&1
+  summary+=("attention (generic kernel forced) rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/attention_generic.log" | tr '\n' ' ')")
+  grep -E "Failure|Expected|Which is|actual|error" "$OUT/ctest_gpu.log" | head -30
+  build/dev/tools/kvarn-selftest/kvarn-selftest --backend cuda >"$OUT/selftest_cuda.log" 2>&1
+  summary+=("selftest cuda rc=$?: $(tail -1 "$OUT/selftest_cuda.log")")
+fi
+if [[ $mode == sanitize || $mode == all ]]; then
+  for tool in memcheck racecheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 \
+      build/dev/tests/kvarn_test_cuda_attention --gtest_filter='*k4v2_g128*:*gqa7*:*Errors*' \
+      >"$OUT/sanitize_${tool}_attention.log" 2>&1
+    summary+=("compute-sanitizer $tool attention rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_${tool}_attention.log" | tail -1)")
+    if [[ -x build/dev/tests/kvarn_test_cuda_codec ]]; then
+      compute-sanitizer --tool $tool --error-exitcode 9 build/dev/tests/kvarn_test_cuda_codec \
+        --gtest_filter='*g128*:*Error*:*rror*' >"$OUT/sanitize_${tool}_codec.log" 2>&1
+      summary+=("compute-sanitizer $tool codec rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_${tool}_codec.log" | tail -1)")
+    fi
+  done
+fi
+if [[ $mode == bench || $mode == all ]]; then
+  build/dev/bench_cuda_attention --csv "$OUT/kvarn_attention.csv" | tee "$OUT/bench_attention.txt"
+  python3 bench/gpu/sdpa_baseline.py --csv "$OUT/sdpa.csv" 2>"$OUT/sdpa.err" | tee "$OUT/bench_sdpa.txt"
+  [[ -x build/dev/bench/gpu/bench_cuda_codec ]] &&
+    build/dev/bench/gpu/bench_cuda_codec | tee "$OUT/bench_codec.txt"
+fi
+echo "---- summary ($(( $(date +%s) - t0 )) s) ----"
+printf '%s\n' "${summary[@]}"

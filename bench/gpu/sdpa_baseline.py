@@ -1,0 +1,83 @@
+"""fp16 baselines for the CUDA attention benchmark: PyTorch scaled_dot_product_attention with
+each backend it offers (flash, cuDNN, memory-efficient) on the TARGETS.md shapes, in the same run
+as bench_cuda_attention. Decode: q [B, 32, 1, 128] over K/V [B, 8, ctx, 128] fp16, enable_gqa.
+Extend: 2048 new queries over 32768 + 2048 keys, causal aligned to the end (lower right).
+
+    python3 bench/gpu/sdpa_baseline.py [--quick] [--csv FILE]
+"""
+import argparse
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
+
+
+def time_ms(fn, iters):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    runs = []
+    for _ in range(5):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        runs.append(start.elapsed_time(end) / iters)
+    runs.sort()
+    return runs[len(runs) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--csv")
+    a = ap.parse_args()
+    torch.manual_seed(0)
+    hq, hk, d = 32, 8, 128
+    rows = []
+    shapes = [(b, c, 1) for b in (1, 8, 32) for c in (4096, 32768, 131072)
+              if not (a.quick and c > 32768)]
+    shapes.append((1, 32768 + 2048, 2048))
+    print(f"{'batch':>6} {'ctx':>7} {'nq':>5} " + " ".join(f"{n:>10}" for n in BACKENDS))
+    for b, c, nq in shapes:
+        q = torch.randn(b, hq, nq, d, device="cuda", dtype=torch.float16)
+        k = torch.randn(b, hk, c, d, device="cuda", dtype=torch.float16)
+        v = torch.randn(b, hk, c, d, device="cuda", dtype=torch.float16)
+        mask = None
+        if nq > 1:
+            from torch.nn.attention.bias import causal_lower_right
+            mask = causal_lower_right(nq, c)
+        cells = []
+        for name, be in BACKENDS.items():
+            try:
+                with sdpa_kernel([be]):
+                    fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                enable_gqa=True)
+                    ms = time_ms(fn, 20 if b * c >= (1 << 20) else 100)
+            except Exception as e:  # a backend that does not take this shape
+                print(f"  {name} b={b} ctx={c}: {type(e).__name__}: {str(e)[:120]}",
+                      file=sys.stderr)
+                ms = float("nan")
+            cells.append(ms)
+            rows.append((b, c, nq, name, ms))
+        print(f"{b:>6} {c:>7} {nq:>5} " + " ".join(f"{x:>10.4f}" for x in cells))
+        del q, k, v
+        torch.cuda.empty_cache()
+    if a.csv:
+        with open(a.csv, "w") as f:
+            f.write("batch,ctx,nq,backend,ms\n")
+            for r in rows:
+                f.write(",".join(str(x) for x in r) + "\n")
+
+
+if __name__ == "__main__":
+    main()

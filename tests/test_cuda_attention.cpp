@@ -1,0 +1,262 @@
+// CUDA paged attention against the float64 reference over the same dequantized cache and against
+// the CPU reference backend. The cache is built on the CPU through the public layer-2 calls (the
+// CPU is the oracle), copied to the device, and read there through device block tables.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "kvarn/kvarn.h"
+#include "support/attention_check.h"
+#include "support/gpu_test.h"
+#include "support/kvarn_test.h"
+#include "support/rng.h"
+
+namespace {
+
+using kvt::DeviceBuffer;
+
+// A PagedCache mirrored in device memory.
+struct DeviceCache {
+  DeviceBuffer records, k_pages, v_pages, table, lens, rtiles;
+  kvarn_paged_kv_t kv;
+  DeviceCache(kvarn_context_t* ctx, kvt::PagedCache& pc)
+      : records(ctx, pc.records),
+        k_pages(ctx, pc.k_pages),
+        v_pages(ctx, pc.v_pages),
+        table(ctx, pc.block_table),
+        lens(ctx, pc.seq_lens),
+        rtiles(ctx, pc.record_tiles) {
+    kv = pc.View();
+    kv.records = records.get();
+    kv.k_pages = k_pages.get();
+    kv.v_pages = v_pages.get();
+    kv.block_table = static_cast<const int32_t*>(table.get());
+    kv.seq_lens = static_cast<const int32_t*>(lens.get());
+    kv.record_tiles = static_cast<const int32_t*>(rtiles.get());
+  }
+};
+
+::testing::AssertionResult RunCuda(kvarn_context_t* ctx, DeviceCache& dc, const kvt::PagedCache& pc,
+                                   const kvt::Queries& q, int Hq, kvarn_dtype_t out_dtype,
+                                   int num_splits, float scale, kvt::AttnOutput* r) {
+  kvarn_attention_params_t p;
+  kvarn_attention_params_defaults(&p);
+  p.num_q_heads = Hq;
+  p.scale = scale;
+  p.q_indptr = q.indptr.empty() ? nullptr : q.indptr.data();
+  p.q_dtype = q.dtype;
+  p.out_dtype = out_dtype;
+  p.num_splits = num_splits;
+  size_t ws = 0;
+  if (kvarn_paged_attention_workspace_size(ctx, &pc.cfg, &dc.kv, &p, q.total, &ws) != KVARN_OK) {
+    return ::testing::AssertionFailure() << "workspace_size: " << kvarn_last_error();
+  }
+  const size_t out_bytes = q.total * Hq * pc.D * kvt::DtypeBytes(out_dtype);
+  DeviceBuffer dq(ctx, q.bytes), dout(ctx, out_bytes), dlse(ctx, q.total * Hq * sizeof(float));
+  DeviceBuffer dws(ctx, std::max<size_t>(ws, 1));
+  // Poison the outputs: every element must be written.
+  dout.Upload(std::vector<uint8_t>(out_bytes, 0xEE));
+  dlse.Upload(std::vector<float>(q.total * Hq, -12345.f));
+  kvarn_status_t st =
+      kvarn_paged_attention(ctx, &pc.cfg, &dc.kv, &p, dq.get(), dout.get(),
+                            static_cast<float*>(dlse.get()), ws ? dws.get() : nullptr, ws);
+  if (st != KVARN_OK) {
+    return ::testing::AssertionFailure() << "kvarn_paged_attention: " << kvarn_last_error();
+  }
+  if (kvarn_context_synchronize(ctx) != KVARN_OK) {
+    return ::testing::AssertionFailure() << "synchronize: " << kvarn_last_error();
+  }
+  r->dtype = out_dtype;
+  r->out = dout.Download<uint8_t>();
+  r->lse = dlse.Download<float>();
+  return ::testing::AssertionSuccess();
+}
+
+struct Case {
+  std::string name;
+  std::string preset = "k4v2_g128";
+  int D = 128;
+  int Hk = 2;
+  int group = 4;
+  int sink = 1;
+  std::vector<int> lens;
+  std::vector<int> q_lens;  // empty = decode
+  kvarn_dtype_t q_dtype = KVARN_DTYPE_F32;
+  kvarn_dtype_t out_dtype = KVARN_DTYPE_F32;
+  int splits = 0;
+  int flush_lag = 0;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::vector<Case> Cases() {
+  std::vector<Case> cs;
+  const char* presets[] = {"k4v2_g128", "k4v2_g64",  "k4v4_g128",
+                           "k4v4_g64",  "k2v2_g128", "k8v8_g128"};
+  for (const char* p : presets) {
+    Case c;
+    c.name = std::string(p) + "_decode";
+    c.preset = p;
+    c.lens = {1, 129, 300, 700};
+    cs.push_back(c);
+    c.name = std::string(p) + "_extend";
+    c.q_lens = {1, 2, 64, 130};
+    cs.push_back(c);
+  }
+  for (int D : {64, 256, 512}) {
+    Case c;
+    c.name = "D" + std::to_string(D);
+    c.D = D;
+    c.lens = {200, 513, 1029};
+    c.q_lens = {1, 5, 3};
+    cs.push_back(c);
+  }
+  for (int group : {1, 7, 8}) {
+    Case c;
+    c.name = "gqa" + std::to_string(group);
+    c.group = group;
+    c.Hk = group == 7 ? 1 : 3;
+    c.lens = {1, 127, 129, 1000, 2049};
+    c.q_lens = {1, 9, 5, 40, 17};
+    cs.push_back(c);
+    c.name = "gqa" + std::to_string(group) + "_decode";
+    c.q_lens = {};
+    cs.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "mqa32";  // more query heads per KV head than rows per work item
+    c.group = 32;
+    c.Hk = 1;
+    c.lens = {300, 77};
+    c.q_lens = {2, 1};
+    cs.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "sink0_lag2_fp16io";
+    c.sink = 0;
+    c.flush_lag = 2;
+    c.q_dtype = KVARN_DTYPE_F16;
+    c.out_dtype = KVARN_DTYPE_F16;
+    c.lens = {700, 1100};
+    c.q_lens = {5, 2};
+    cs.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "sink3_bf16io";
+    c.sink = 3;
+    c.q_dtype = KVARN_DTYPE_BF16;
+    c.out_dtype = KVARN_DTYPE_BF16;
+    c.lens = {1500, 33, 900};
+    c.q_lens = {2, 1, 4};
+    cs.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "long32k_splits";
+    c.Hk = 2;
+    c.lens = {32768 + 77, 4000};
+    cs.push_back(c);
+    c.name = "long32k_explicit7";
+    c.splits = 7;
+    cs.push_back(c);
+  }
+  {
+    Case c;
+    c.name = "long128k_decode";
+    c.Hk = 1;
+    c.lens = {131072};
+    cs.push_back(c);
+  }
+  return cs;
+}
+
+class CudaAttention : public ::testing::TestWithParam<Case> {};
+
+TEST_P(CudaAttention, MatchesFloat64AndTheCpuReference) {
+  KVT_CUDA_CONTEXT_OR_SKIP(gpu);
+  const Case& c = GetParam();
+  auto cpu = kvt::MakeCpuContext();
+  kvt::Rng rng(0xC0DA + std::hash<std::string>{}(c.name));
+  kvarn_config_t cfg = kvt::PresetConfig(c.preset, c.D);
+  cfg.sink_tiles = c.sink;
+  kvt::PagedCacheSpec spec;
+  spec.num_kv_heads = c.Hk;
+  spec.lens = c.lens;
+  spec.flush_lag = c.flush_lag;
+  spec.max_chunk = std::max(300, *std::max_element(c.lens.begin(), c.lens.end()) / 8);
+  kvt::PagedCache pc;
+  ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg, spec, rng, &pc));
+  const int Hq = c.Hk * c.group;
+  const kvt::Queries q =
+      kvt::MakeQueries(rng, c.q_lens, static_cast<int>(c.lens.size()), Hq, c.D, c.q_dtype);
+
+  DeviceCache dc(gpu.get(), pc);
+  kvt::AttnOutput got, again, ref_cpu;
+  ASSERT_TRUE(RunCuda(gpu.get(), dc, pc, q, Hq, c.out_dtype, c.splits, 0.f, &got));
+  const kvt::AttnErrors e = kvt::CompareWithReference(cpu.get(), pc, q, Hq, 0.f, got);
+  const double tol = c.out_dtype == KVARN_DTYPE_F32 ? 2e-3 : 4e-3;  // + output rounding
+  EXPECT_LE(e.total, tol) << c.name;
+  EXPECT_LE(e.worst_row, 5 * tol) << c.name;
+  EXPECT_LE(e.worst_lse, 1e-4) << c.name;
+
+  // Same answer as the CPU backend, and the same bytes run to run.
+  ASSERT_TRUE(kvt::RunAttention(cpu.get(), pc, q, Hq, c.out_dtype, c.splits, 0.f, &ref_cpu));
+  EXPECT_LE(kvt::OutputDistance(got, ref_cpu, q.total * Hq * c.D), tol) << c.name;
+  ASSERT_TRUE(RunCuda(gpu.get(), dc, pc, q, Hq, c.out_dtype, c.splits, 0.f, &again));
+  EXPECT_EQ(got.out, again.out) << "not deterministic";
+  EXPECT_EQ(got.lse, again.lse) << "lse not deterministic";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(Cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+TEST(CudaAttentionErrors, BadBlockTableEntryIsReportedAtSynchronize) {
+  KVT_CUDA_CONTEXT_OR_SKIP(gpu);
+  auto cpu = kvt::MakeCpuContext();
+  kvt::Rng rng(77);
+  const kvarn_config_t cfg = kvt::PresetConfig("k4v2_g128", 128);
+  kvt::PagedCacheSpec spec;
+  spec.lens = {600};
+  kvt::PagedCache pc;
+  ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg, spec, rng, &pc));
+  pc.block_table[2] = pc.num_blocks + 5;  // a record tile pointing outside the pool
+  DeviceCache dc(gpu.get(), pc);
+  const kvt::Queries q = kvt::MakeQueries(rng, {}, 1, 8, 128, KVARN_DTYPE_F32);
+  kvt::AttnOutput r;
+  const ::testing::AssertionResult run =
+      RunCuda(gpu.get(), dc, pc, q, 8, KVARN_DTYPE_F32, 0, 0.f, &r);
+  ASSERT_FALSE(run);
+  EXPECT_NE(std::string(run.message()).find("block_table"), std::string::npos) << run.message();
+  // The sticky error is cleared once reported.
+  EXPECT_EQ(kvarn_context_synchronize(gpu.get()), KVARN_OK) << kvarn_last_error();
+}
+
+TEST(CudaAttentionErrors, SmallWorkspaceIsRejected) {
+  KVT_CUDA_CONTEXT_OR_SKIP(gpu);
+  auto cpu = kvt::MakeCpuContext();
+  kvt::Rng rng(78);
+  const kvarn_config_t cfg = kvt::PresetConfig("k4v2_g128", 128);
+  kvt::PagedCacheSpec spec;
+  spec.lens = {9000};
+  kvt::PagedCache pc;
+  ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg, spec, rng, &pc));
+  DeviceCache dc(gpu.get(), pc);
+  kvarn_attention_params_t p;
+  kvarn_attention_params_defaults(&p);
+  p.num_q_heads = 8;
+  size_t ws = 0;
+  ASSERT_EQ(kvarn_paged_attention_workspace_size(gpu.get(), &pc.cfg, &dc.kv, &p, 1, &ws), KVARN_OK);
+  ASSERT_GT(ws, 0u) << "a long single sequence must be split";
+  DeviceBuffer dq(gpu.get(), 8 * 128 * 4), dout(gpu.get(), 8 * 128 * 4), dws(gpu.get(), ws);
+  EXPECT_TRUE(kvt::IsError(kvarn_paged_attention(gpu.get(), &pc.cfg, &dc.kv, &p, dq.get(),
+                                                 dout.get(), nullptr, dws.get(), ws - 1),
+                           KVARN_ERR_BUFFER_TOO_SMALL, "workspace"));
+}
+
+}  // namespace
