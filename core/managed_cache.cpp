@@ -642,6 +642,14 @@ Status ManagedCache::Export(int64_t id, void* buffer, size_t buffer_bytes,
         const uint8_t* src = static_cast<const uint8_t*>(pool) + sl.table[tile] * page_bytes;
         KVARN_RETURN_IF_ERROR(
             ctx_->ops->copy(ctx_, blob.data() + off, src, page_bytes, CopyKind::kDeviceToHost));
+        // Slots past the sequence end hold whatever a rolled-back append left there: zero them,
+        // so a blob depends only on the sequence's tokens.
+        const int64_t valid = std::min<int64_t>(G, sl.len - tile * G);
+        const size_t row_bytes = static_cast<size_t>(cfg_.D) * 2;
+        for (int h2 = 0; h2 < Hk_; ++h2) {
+          uint8_t* head = blob.data() + off + static_cast<size_t>(h2) * G * row_bytes;
+          std::memset(head + valid * row_bytes, 0, (G - valid) * row_bytes);
+        }
         off += page_bytes;
       }
     }

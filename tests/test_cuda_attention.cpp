@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -88,6 +89,9 @@ struct Case {
   kvarn_dtype_t out_dtype = KVARN_DTYPE_F32;
   int splits = 0;
   int flush_lag = 0;
+  // record_stride = record bytes + this; a multiple of 16 lets k4v2 D128 run on the
+  // tensor-core kernel, others take the general kernel.
+  int stride_padding = 16;
 };
 
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
@@ -168,6 +172,14 @@ std::vector<Case> Cases() {
   }
   {
     Case c;
+    c.name = "k4v2_unaligned_stride";  // the general kernel on the design point
+    c.stride_padding = 8;
+    c.lens = {1, 129, 300, 700};
+    c.q_lens = {1, 3, 64, 130};
+    cs.push_back(c);
+  }
+  {
+    Case c;
     c.name = "long128k_decode";
     c.Hk = 1;
     c.lens = {131072};
@@ -189,6 +201,7 @@ TEST_P(CudaAttention, MatchesFloat64AndTheCpuReference) {
   spec.num_kv_heads = c.Hk;
   spec.lens = c.lens;
   spec.flush_lag = c.flush_lag;
+  spec.stride_padding = c.stride_padding;
   spec.max_chunk = std::max(300, *std::max_element(c.lens.begin(), c.lens.end()) / 8);
   kvt::PagedCache pc;
   ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg, spec, rng, &pc));
@@ -203,7 +216,11 @@ TEST_P(CudaAttention, MatchesFloat64AndTheCpuReference) {
   const double tol = c.out_dtype == KVARN_DTYPE_F32 ? 2e-3 : 4e-3;  // + output rounding
   EXPECT_LE(e.total, tol) << c.name;
   EXPECT_LE(e.worst_row, 5 * tol) << c.name;
-  EXPECT_LE(e.worst_lse, 1e-4) << c.name;
+  // The tensor-core path multiplies fp16 operands (queries split hi + lo, probabilities in
+  // fp16): its log-sum-exp agrees to a few 1e-4, not to fp32 rounding.
+  EXPECT_LE(e.worst_lse, 5e-4) << c.name;
+  std::printf("[ errors   ] %s: total %.2e, worst row %.2e, worst lse %.2e\n", c.name.c_str(),
+              e.total, e.worst_row, e.worst_lse);
 
   // Same answer as the CPU backend, and the same bytes run to run.
   ASSERT_TRUE(kvt::RunAttention(cpu.get(), pc, q, Hq, c.out_dtype, c.splits, 0.f, &ref_cpu));

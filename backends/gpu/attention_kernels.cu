@@ -350,6 +350,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
         pz += __shfl_xor_sync(0xffffffffu, pz, o);
       }
+      __syncwarp();  // every lane has read m[r] before lane 0 replaces it
       if (lane == 0) {
         const float alpha = m_old == -INFINITY ? 0.f : __expf(m_old - m_new);
         S.alpha[r] = alpha;
@@ -435,8 +436,6 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(AttnParams P, int rows_t
   if (row >= rows_total) return;
   const int D = P.D;
   const float* ml = P.part_ml + static_cast<size_t>(row) * P.splits * 2;
-  // The splits of a row that held no key keep m = -inf; they were never written when the
-  // sequence was shorter, so the kernel above writes every split it runs (see launch).
   if (threadIdx.x == 0) {
     float M = -INFINITY;
     for (int s = 0; s < P.splits; ++s) M = fmaxf(M, ml[2 * s]);
@@ -462,16 +461,6 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(AttnParams P, int rows_t
   __syncthreads();
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     StoreElem(P.out, static_cast<size_t>(row) * D + d, P.out_dtype, o[d]);
-  }
-}
-
-// Marks every (row, split) partial as empty, so splits past a sequence's end (which return
-// without writing) merge as nothing.
-__global__ void ClearPartials(float* ml, size_t n) {
-  const size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x;
-  if (i < n) {
-    ml[2 * i] = -INFINITY;
-    ml[2 * i + 1] = 0.f;
   }
 }
 
@@ -638,11 +627,7 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
     P.q_indptr = d_indptr;
   }
   const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * plan.chunks_per_seq);
-  if (plan.splits > 1) {
-    const size_t n = plan.rows_total * plan.splits;
-    ClearPartials<<<CeilDivU(n, 256), 256, 0, st->stream>>>(P.part_ml, n);
-    KVARN_RETURN_IF_ERROR(CheckLaunch("ClearPartials"));
-  }
+  // Every work item of a valid row writes its split's partial, an empty split as m = -inf.
   if (UseMmaKernel(st, cfg, kv)) {
     const size_t smem = sizeof(mma::MmaSmem);
     if (cfg.G == 128) {

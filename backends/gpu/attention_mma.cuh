@@ -40,21 +40,44 @@ __device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// Two codes (bits [shift, shift+bits) of bytes 0 and 2 of z) as an exact fp16 pair.
+// Two codes (bits [shift, shift+bits) of bytes 0 and 2 of z) as the exact fp16 pair
+// (1024 + code): the 1024 is never subtracted per element; each product sums it into the
+// accumulator once per k, and the caller removes 1024 * (sum of the other operand) in fp32.
 template <int kMask>
-__device__ __forceinline__ uint32_t CodesToHalf2(uint32_t z, int shift) {
-  const uint32_t biased = ((z >> shift) & (kMask * 0x00010001u)) | 0x64006400u;  // 1024 + code
-  const __half2 h = __hsub2(*reinterpret_cast<const __half2*>(&biased), __float2half2_rn(1024.f));
-  return *reinterpret_cast<const uint32_t*>(&h);
+__device__ __forceinline__ uint32_t BiasedCodes(uint32_t z, int shift) {
+  return ((z >> shift) & (kMask * 0x00010001u)) | 0x64006400u;
 }
+constexpr float kCodeBias = 1024.f;
 
 // Bytes k of x and of y into bytes 0 and 2 (bytes 1 and 3 are masked away by CodesToHalf2).
 __device__ __forceinline__ uint32_t PairBytes(uint32_t x, uint32_t y, int k) {
-  return __byte_perm(x, y, static_cast<uint32_t>(k | (k << 8) | ((4 + k) << 16) | ((4 + k) << 24)));
+  return __byte_perm(x, y, static_cast<uint32_t>(k | (k << 4) | ((4 + k) << 8) | ((4 + k) << 12)));
 }
 
 __device__ __forceinline__ float2 Half2AsFloat2(uint32_t u) {
   return __half22float2(*reinterpret_cast<const __half2*>(&u));
+}
+
+// x0, x1 as an fp16 pair plus the fp16 pair of what rounding left out: hi + lo carries the
+// operand to about 2^-22 relative, where hi alone would carry 2^-11 (too coarse for scores of
+// tens of units).
+__device__ __forceinline__ void SplitHalf2(float x0, float x1, uint32_t* hi, uint32_t* lo) {
+  *hi = PackHalf2(x0, x1);
+  const float2 h = Half2AsFloat2(*hi);
+  *lo = PackHalf2(x0 - h.x, x1 - h.y);
+}
+
+// Asks L2 for the record the warp reads next, so its loads there wait on L2, not on HBM.
+__device__ __forceinline__ void PrefetchRecordL2(const uint8_t* rec, int bytes, int lane) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (lane == 0) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(rec), "r"(bytes) : "memory");
+  }
+#elif defined(__CUDA_ARCH__)
+  for (int off = lane * 128; off < bytes; off += kWarpSize * 128) {
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rec + off));
+  }
+#endif
 }
 
 __device__ __forceinline__ void LdMatrixX2(uint32_t (&b)[2], const __half* p) {
@@ -143,10 +166,12 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
     sum1 += p[1] + p[3];
     if (is_record) {
       const float a0 = va[2 * j], a1 = va[2 * j + 1];
-      z0 += p[0] * vz[2 * j] + p[2] * vz[2 * j + 1];
-      z1 += p[1] * vz[2 * j] + p[3] * vz[2 * j + 1];
       packed0[j] = PackHalf2(p[0] * a0, p[2] * a1);
       packed1[j] = PackHalf2(p[1] * a0, p[3] * a1);
+      // The value-zero term, minus the code bias times the rounded B operand (see BiasedCodes).
+      const float2 r0 = Half2AsFloat2(packed0[j]), r1 = Half2AsFloat2(packed1[j]);
+      z0 += p[0] * vz[2 * j] + p[2] * vz[2 * j + 1] - kCodeBias * (r0.x + r0.y);
+      z1 += p[1] * vz[2 * j] + p[3] * vz[2 * j + 1] - kCodeBias * (r1.x + r1.y);
     } else {
       packed0[j] = PackHalf2(p[0], p[2]);
       packed1[j] = PackHalf2(p[1], p[3]);
@@ -180,7 +205,7 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
   constexpr int G = 16 * TM;
   // B fragments of the score product: (q' a) for row n = g, channels 16i + 4c + 0..3.
-  uint32_t qa[kKChunks][2];
+  uint32_t qa[kKChunks][2], qal[kKChunks][2];  // B operand, high and low fp16 parts
   float qzp = 0.f;
   const float* qrow = qs + g * kD;
 #pragma unroll
@@ -191,9 +216,13 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
     const float4 q4 = *reinterpret_cast<const float4*>(qrow + d);
     const float2 a01 = Half2AsFloat2(ua.x), a23 = Half2AsFloat2(ua.y);
     const float2 z01 = Half2AsFloat2(uz.x), z23 = Half2AsFloat2(uz.y);
-    qa[i][0] = PackHalf2(q4.x * a01.x, q4.y * a01.y);
-    qa[i][1] = PackHalf2(q4.z * a23.x, q4.w * a23.y);
-    qzp += q4.x * z01.x + q4.y * z01.y + q4.z * z23.x + q4.w * z23.y;
+    SplitHalf2(q4.x * a01.x, q4.y * a01.y, &qa[i][0], &qal[i][0]);
+    SplitHalf2(q4.z * a23.x, q4.w * a23.y, &qa[i][1], &qal[i][1]);
+    // The zero term, minus the code bias times the B operand the products see (hi + lo).
+    const float2 h01 = Half2AsFloat2(qa[i][0]), h23 = Half2AsFloat2(qa[i][1]);
+    const float2 l01 = Half2AsFloat2(qal[i][0]), l23 = Half2AsFloat2(qal[i][1]);
+    qzp += q4.x * z01.x + q4.y * z01.y + q4.z * z23.x + q4.w * z23.y -
+           kCodeBias * (((h01.x + l01.x) + (h01.y + l01.y)) + ((h23.x + l23.x) + (h23.y + l23.y)));
   }
   qzp += __shfl_xor_sync(0xffffffffu, qzp, 1);
   qzp += __shfl_xor_sync(0xffffffffu, qzp, 2);
@@ -224,9 +253,10 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
     for (int j = 0; j < TM; ++j) {
       const uint32_t z01 = PairBytes(w[0][j / 4], w[1][j / 4], j % 4);
       const uint32_t z23 = PairBytes(w[2][j / 4], w[3][j / 4], j % 4);
-      const uint32_t a[4] = {CodesToHalf2<0xF>(z01, 0), CodesToHalf2<0xF>(z01, 4),
-                             CodesToHalf2<0xF>(z23, 0), CodesToHalf2<0xF>(z23, 4)};
+      const uint32_t a[4] = {BiasedCodes<0xF>(z01, 0), BiasedCodes<0xF>(z01, 4),
+                             BiasedCodes<0xF>(z23, 0), BiasedCodes<0xF>(z23, 4)};
       Mma16816(s[j], a, qa[i]);
+      Mma16816(s[j], a, qal[i]);
     }
   }
   float ct[2 * TM], va[2 * TM], vz[2 * TM];
@@ -257,8 +287,8 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int sh = 4 * half;
-        const uint32_t a[4] = {CodesToHalf2<0x3>(zxy, sh), CodesToHalf2<0x3>(zxy, sh + 2),
-                               CodesToHalf2<0x3>(zuv, sh), CodesToHalf2<0x3>(zuv, sh + 2)};
+        const uint32_t a[4] = {BiasedCodes<0x3>(zxy, sh), BiasedCodes<0x3>(zxy, sh + 2),
+                               BiasedCodes<0x3>(zuv, sh), BiasedCodes<0x3>(zuv, sh + 2)};
         Mma16816(o[2 * k + half], a, b);
       }
     }
@@ -285,13 +315,13 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
                                          const float* qs, int key0, int lim0, int lim1,
                                          __half* pbuf, WarpState& W) {
   const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
-  uint32_t qh[kKChunks][2];
+  uint32_t qh[kKChunks][2], ql[kKChunks][2];
   const float* qrow = qs + g * kD;
 #pragma unroll
   for (int i = 0; i < kKChunks; ++i) {
     const float4 q4 = *reinterpret_cast<const float4*>(qrow + 16 * i + 4 * c);
-    qh[i][0] = PackHalf2(q4.x, q4.y);
-    qh[i][1] = PackHalf2(q4.z, q4.w);
+    SplitHalf2(q4.x, q4.y, &qh[i][0], &ql[i][0]);
+    SplitHalf2(q4.z, q4.w, &qh[i][1], &ql[i][1]);
   }
   float s[TM][4];
 #pragma unroll
@@ -308,6 +338,7 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
       const uint2 u1 = __ldg(reinterpret_cast<const uint2*>(r1 + 16 * i + 4 * c));
       const uint32_t a[4] = {u0.x, u1.x, u0.y, u1.y};
       Mma16816(s[j], a, qh[i]);
+      Mma16816(s[j], a, ql[i]);
     }
   }
   float none[2 * TM];
@@ -365,7 +396,7 @@ struct MmaSmem {
 };
 
 template <int TM>
-__global__ void __launch_bounds__(kWarps * 32) MmaAttentionKernel(AttnParams P) {
+__global__ void __launch_bounds__(kWarps * 32, 3) MmaAttentionKernel(AttnParams P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) unsigned char smem_raw[];
   MmaSmem& S = *reinterpret_cast<MmaSmem*>(smem_raw);
@@ -429,7 +460,16 @@ __global__ void __launch_bounds__(kWarps * 32) MmaAttentionKernel(AttnParams P) 
   const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
   const size_t page_elems = static_cast<size_t>(P.Hk) * G * kD;
   __half* pbuf = S.p[warp];
+  const int rec_bytes = (16 * TM * kD * 6 / 8 + 6 * kD + 6 * 16 * TM) & ~15;  // k4v2 record
   for (int tile = t_begin + warp; tile < t_end; tile += kWarps) {
+    const int next = tile + kWarps;
+    if (next < t_end && next >= P.sink_tiles && next < P.sink_tiles + rt) {
+      const int nid = table[next];
+      if (nid >= 0 && nid < P.num_record_blocks) {
+        PrefetchRecordL2(P.records + (static_cast<size_t>(nid) * P.Hk + h) * P.record_stride,
+                         rec_bytes, lane);
+      }
+    }
     const bool is_record = tile >= P.sink_tiles && tile < P.sink_tiles + rt;
     const int id = table[tile];
     if (id < 0 || id >= (is_record ? P.num_record_blocks : P.num_pages)) {

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent H200: build the CUDA backend, run the GPU suites, benchmark, print a table.
-#   bench/gpu/device_run.sh [test|bench|sanitize|all] [ctest -R regex]
+#   bench/gpu/device_run.sh [all | test,bench,sanitize (any of them)] [ctest -R regex]
 # Needs googletest sources in .devdeps/googletest (carried; Debian's /usr/src/googletest).
 # Logs and CSVs go to $OUT (the device tool brings them back).
 set -uo pipefail
@@ -25,7 +25,7 @@ cmake --build build/dev -j"$J" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "
 echo "build: $(( $(date +%s) - t0 )) s"
 
 summary=()
-if [[ $mode == test || $mode == all ]]; then
+if [[ $mode == *test* || $mode == all ]]; then
   args=(-L gpu -j2 --timeout 300)
   [[ -n $filter ]] && args+=(-R "$filter")
   ctest --test-dir build/dev "${args[@]}" --output-on-failure >"$OUT/ctest_gpu.log" 2>&1
@@ -40,7 +40,7 @@ if [[ $mode == test || $mode == all ]]; then
   build/dev/tools/kvarn-selftest/kvarn-selftest --backend cuda >"$OUT/selftest_cuda.log" 2>&1
   summary+=("selftest cuda rc=$?: $(tail -1 "$OUT/selftest_cuda.log")")
 fi
-if [[ $mode == sanitize || $mode == all ]]; then
+if [[ $mode == *sanitize* || $mode == all ]]; then
   for tool in memcheck racecheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 \
       build/dev/tests/kvarn_test_cuda_attention --gtest_filter='*k4v2_g128*:*gqa7*:*Errors*' \
@@ -53,7 +53,7 @@ if [[ $mode == sanitize || $mode == all ]]; then
     fi
   done
 fi
-if [[ $mode == bench || $mode == all ]]; then
+if [[ $mode == *bench* || $mode == all ]]; then
   build/dev/bench_cuda_attention --csv "$OUT/kvarn_attention.csv" | tee "$OUT/bench_attention.txt"
   python3 bench/gpu/sdpa_baseline.py --csv "$OUT/sdpa.csv" 2>"$OUT/sdpa.err" | tee "$OUT/bench_sdpa.txt"
   [[ -x build/dev/bench/gpu/bench_cuda_codec ]] &&
@@ -61,3 +61,5 @@ if [[ $mode == bench || $mode == all ]]; then
 fi
 echo "---- summary ($(( $(date +%s) - t0 )) s) ----"
 printf '%s\n' "${summary[@]}"
+# Few files come back from a device run: pack the logs and CSVs into one archive.
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log ./*.csv ./*.err ./*.txt 2>/dev/null)
