@@ -21,8 +21,12 @@ packages=(
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
+  g++-aarch64-linux-gnu
+  qemu-user
   python3
   python3-venv
+  python3-dev
+  swig
 )
 packages+=("$@")
 

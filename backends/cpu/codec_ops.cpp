@@ -8,6 +8,7 @@
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/dtype_io.h"
 #include "backends/cpu/hadamard.h"
+#include "backends/cpu/kernels.h"
 #include "backends/cpu/record_codec.h"
 #include "core/thread_pool.h"
 
@@ -48,16 +49,26 @@ Status Rotate(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const vo
               kvarn_dtype_t out_dtype, void* out) {
   // Rows are independent; `out` may alias `in` row by row, because each row is loaded
   // completely before it is stored.
+  const Kernels& K = KernelsFor(ctx->isa);
   const size_t chunk = 256;
   const size_t n_chunks = (rows + chunk - 1) / chunk;
   ctx->pool->ParallelFor(n_chunks, [&](size_t c) {
     std::vector<float> x(D);
     for (size_t r = c * chunk; r < std::min(rows, (c + 1) * chunk); ++r) {
-      LoadRow(in_dtype, in, r * D, D, x.data());
-      HadamardInPlace(x.data(), D);
-      StoreRow(out_dtype, out, r * D, D, x.data());
+      if (in_dtype == KVARN_DTYPE_F16) {
+        K.halves_to_floats(static_cast<const uint8_t*>(in) + 2 * r * D, D, x.data());
+      } else {
+        LoadRow(in_dtype, in, r * D, D, x.data());
+      }
+      K.hadamard(x.data(), D);
+      if (out_dtype == KVARN_DTYPE_F16) {
+        K.floats_to_halves(x.data(), D, static_cast<uint16_t*>(out) + r * D);
+      } else {
+        StoreRow(out_dtype, out, r * D, D, x.data());
+      }
     }
   });
+
   return Status::Ok();
 }
 
@@ -66,6 +77,7 @@ Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t d
   const int D = cfg.D, G = cfg.G;
   const size_t rb = cfg.record_bytes();
   const bool cache_frame = flags & KVARN_CODEC_CACHE_FRAME;
+  const Kernels& K = KernelsFor(ctx->isa);
   std::vector<uint8_t> staged(n_tiles * rb);
   Status st = ParallelStatus(ctx, n_tiles, [&](size_t tile) -> Status {
     TileScratch s;
@@ -78,7 +90,7 @@ Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t d
         const bool rot = !cache_frame && (which ? cfg.v_rotate : cfg.k_rotate);
         LoadRow(dtype, src, off, D, row.data());
         uint16_t* dst = (which ? vh.data() : kh.data()) + static_cast<size_t>(t) * D;
-        if (!ToCacheFrame(row.data(), D, rot, scratch.data(), dst)) {
+        if (!K.to_cache_frame(row.data(), D, rot, scratch.data(), dst)) {
           for (int d = 0; d < D; ++d) {
             if (!std::isfinite(row[d])) {
               return {KVARN_ERR_NON_FINITE, std::string(which ? "v" : "k") + " of tile " +
@@ -92,7 +104,7 @@ Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t d
         }
       }
     }
-    Status r = QuantizeRecord(cfg, kh.data(), vh.data(), staged.data() + tile * rb, s);
+    Status r = QuantizeRecord(cfg, kh.data(), vh.data(), staged.data() + tile * rb, s, &K);
     if (!r.ok()) return {r.code(), "tile " + std::to_string(tile) + ": " + r.message()};
     return r;
   });
@@ -108,10 +120,11 @@ Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* r
                   size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k, void* v) {
   const int D = cfg.D, G = cfg.G;
   const bool cache_frame = flags & KVARN_CODEC_CACHE_FRAME;
+  const Kernels& K = KernelsFor(ctx->isa);
   ctx->pool->ParallelFor(n_tiles, [&](size_t tile) {
     std::vector<float> kf(static_cast<size_t>(G) * D), vf(kf.size());
     const uint8_t* rec = static_cast<const uint8_t*>(records) + tile * record_stride;
-    DequantizeRecord(cfg, rec, k ? kf.data() : nullptr, v ? vf.data() : nullptr);
+    DequantizeRecord(cfg, rec, k ? kf.data() : nullptr, v ? vf.data() : nullptr, &K);
     for (int which = 0; which < 2; ++which) {
       void* dst = which ? v : k;
       if (dst == nullptr) continue;
@@ -119,7 +132,7 @@ Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* r
       const bool unrot = !cache_frame && (which ? cfg.v_rotate : cfg.k_rotate);
       for (int t = 0; t < G; ++t) {
         float* row = src + static_cast<size_t>(t) * D;
-        if (unrot) HadamardInPlace(row, D);  // H is its own inverse
+        if (unrot) K.hadamard(row, D);  // H is its own inverse
         StoreRow(out_dtype, dst, (tile * G + t) * D, D, row);
       }
     }
@@ -184,6 +197,7 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
   }
   // Stage every converted row first: a failure leaves the pages untouched.
   const size_t total = static_cast<size_t>(indptr[kv.batch]);
+  const Kernels& K = KernelsFor(ctx->isa);
   std::vector<uint16_t> kh(total * Hk * D), vh(total * Hk * D);
   Status st = ParallelStatus(ctx, total, [&](size_t tok) -> Status {
     std::vector<float> row(D), scratch(D);
@@ -191,8 +205,8 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
       const size_t off = (tok * Hk + h) * D;
       for (int which = 0; which < 2; ++which) {
         LoadRow(dtype, which ? v : k, off, D, row.data());
-        if (!ToCacheFrame(row.data(), D, which ? cfg.v_rotate : cfg.k_rotate, scratch.data(),
-                          (which ? vh.data() : kh.data()) + off)) {
+        if (!K.to_cache_frame(row.data(), D, which ? cfg.v_rotate : cfg.k_rotate, scratch.data(),
+                              (which ? vh.data() : kh.data()) + off)) {
           bool finite = true;
           for (int d = 0; d < D; ++d) finite = finite && std::isfinite(row[d]);
           return {finite ? KVARN_ERR_OVERFLOW : KVARN_ERR_NON_FINITE,
@@ -236,13 +250,14 @@ Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_t
   }
   const size_t rb = cfg.record_bytes();
   const size_t page_elems = static_cast<size_t>(Hk) * G * D;
+  const Kernels& K = KernelsFor(ctx->isa);
   std::vector<uint8_t> staged(n_tiles * Hk * rb);
   Status st = ParallelStatus(ctx, n_tiles * Hk, [&](size_t item) -> Status {
     const size_t tile = item / Hk, h = item % Hk;
     TileScratch s;
     const size_t off = src_pages[tile] * page_elems + h * G * D;
     Status r =
-        QuantizeRecord(cfg, kv.k_pages + off, kv.v_pages + off, staged.data() + item * rb, s);
+        QuantizeRecord(cfg, kv.k_pages + off, kv.v_pages + off, staged.data() + item * rb, s, &K);
     if (!r.ok()) {
       return {r.code(), "page " + std::to_string(src_pages[tile]) + ", head " + std::to_string(h) +
                             ": " + r.message()};

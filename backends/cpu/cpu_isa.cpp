@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/cpu/kernels.h"
+
 #if defined(__x86_64__) || defined(_M_X64)
 #include <cpuid.h>
 #define KVARN_X86 1
@@ -135,8 +137,11 @@ std::string CpuFeatureString() {
   return s;
 }
 
-// Only the scalar reference is compiled so far; SIMD kernels register here as they land.
-bool IsaBuilt(kvarn_cpu_isa_t isa) { return isa == KVARN_CPU_ISA_SCALAR; }
+// Scalar always; a SIMD level when simd.cmake compiled its kernels into this build.
+bool IsaBuilt(kvarn_cpu_isa_t isa) {
+  if (isa == KVARN_CPU_ISA_SCALAR) return true;
+  return &KernelsFor(isa) != &ScalarKernels();
+}
 
 kvarn_cpu_isa_t BestIsa() { return BestWithin(KVARN_CPU_ISA_NONE); }
 

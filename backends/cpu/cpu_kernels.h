@@ -29,7 +29,16 @@ Status CheckPagedTables(const Config& cfg, const PagedKV& kv);
 
 // Rotates (when `rotate`) and rounds one row of D floats to fp16, as the cache stores it. Returns
 // false if a value is not finite or does not fit fp16.
+// (The scalar reference of the Kernels entry to_cache_frame.)
 bool ToCacheFrame(const float* in, int D, bool rotate, float* scratch, uint16_t* out);
+
+struct RecordView;
+struct AttnQuery;
+// The scalar reference of the Kernels entries attend_record and attend_page (kernels.h).
+void ScalarAttendRecord(const RecordView& rec, int D, int G, int key_bits, int value_bits,
+                        float scale, AttnQuery* qs, int nq, float* scores, float* vsum);
+void ScalarAttendPage(const uint16_t* k, const uint16_t* v, int D, int G, float scale,
+                      AttnQuery* qs, int nq, float* scores);
 
 }  // namespace cpu
 }  // namespace kvarn

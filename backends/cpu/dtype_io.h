@@ -35,8 +35,21 @@ inline void StoreElement(kvarn_dtype_t dtype, void* base, size_t i, float x) {
   }
 }
 
+// The dtype switch is outside the loops so each loop vectorizes.
 inline void LoadRow(kvarn_dtype_t dtype, const void* base, size_t offset, int n, float* out) {
-  for (int i = 0; i < n; ++i) out[i] = LoadElement(dtype, base, offset + i);
+  switch (dtype) {
+    case KVARN_DTYPE_F16:
+      for (int i = 0; i < n; ++i)
+        out[i] = half_to_float(static_cast<const uint16_t*>(base)[offset + i]);
+      break;
+    case KVARN_DTYPE_BF16:
+      for (int i = 0; i < n; ++i)
+        out[i] = bf16_to_float(static_cast<const uint16_t*>(base)[offset + i]);
+      break;
+    default:
+      for (int i = 0; i < n; ++i) out[i] = static_cast<const float*>(base)[offset + i];
+      break;
+  }
 }
 
 inline void StoreRow(kvarn_dtype_t dtype, void* base, size_t offset, int n, const float* in) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backends/cpu/kernels.h"
+
 namespace kvarn {
 namespace cpu {
 namespace {
@@ -13,13 +15,6 @@ constexpr float kLogMin = -0.3f, kLogMax = 10.0f;
 constexpr float kImbalanceFloor = 1e-8f;
 
 float Clamp(float x, float lo, float hi) { return std::min(std::max(x, lo), hi); }
-
-// X[i,j] = (M[i,j] / ec[j]) / er[i]: column scale first, then row scale, in fp32.
-void Apply(const float* M, int R, int C, const float* ec, const float* er, float* X) {
-  for (int i = 0; i < R; ++i) {
-    for (int j = 0; j < C; ++j) X[i * C + j] = (M[i * C + j] / ec[j]) / er[i];
-  }
-}
 
 }  // namespace
 
@@ -112,17 +107,47 @@ float Imbalance(const float* X, int R, int C) {
   return ImbalanceOf(cs, rs);
 }
 
+void ScalarStats(const float* X, int R, int C, float* col_std, float* row_std) {
+  ColumnStds(X, R, C, col_std);
+  RowStds(X, R, C, row_std);
+}
+
+void ScalarColumnPass(const float* M, int R, int C, const float* ec, const float* er, float* Y,
+                      float* row_std) {
+  std::vector<float> x(C);
+  for (int i = 0; i < R; ++i) {
+    const size_t o = static_cast<size_t>(i) * C;
+    for (int j = 0; j < C; ++j) {
+      Y[o + j] = M[o + j] / ec[j];
+      x[j] = Y[o + j] / er[i];  // = (M / ec) / er, column scale first (section 4)
+    }
+    row_std[i] = SampleStd(x.data(), C, 1);
+  }
+}
+
+void ScalarRowPass(const float* Y, int R, int C, const float* er, float* X, float* col_std,
+                   float* row_std) {
+  for (int i = 0; i < R; ++i) {
+    const size_t o = static_cast<size_t>(i) * C;
+    for (int j = 0; j < C; ++j) X[o + j] = Y[o + j] / er[i];
+  }
+  ColumnStds(X, R, C, col_std);
+  RowStds(X, R, C, row_std);
+}
+
 NormalizeResult NormalizeTile(const float* M, int R, int C, int iterations, float* s_r, float* s_c,
-                              std::vector<float>& X) {
+                              std::vector<float>& X, const Kernels* k) {
+  const Kernels& K = k ? *k : ScalarKernels();
   NormalizeResult res;
   std::vector<float> lc(C, 0.f), lr(R, 0.f), ec(C, 1.f), er(R, 1.f);
   std::vector<float> best_lc(C, 0.f), best_lr(R, 0.f);
   std::vector<float> col_std(C), row_std(R);
-  X.assign(M, M + static_cast<size_t>(R) * C);
+  const size_t n = static_cast<size_t>(R) * C;
+  X.resize(2 * n);
+  float* Y = X.data() + n;  // M / ec, shared by the two iterates of an iteration
   // col_std always holds the column deviations of the current X: the imbalance of an iterate
   // and the next iteration's column update read the same numbers.
-  ColumnStds(X.data(), R, C, col_std.data());
-  RowStds(X.data(), R, C, row_std.data());
+  K.stats(M, R, C, col_std.data(), row_std.data());
   res.initial_imbalance = ImbalanceOf(col_std, row_std);
   float best = res.initial_imbalance;
   for (int it = 1; it <= iterations; ++it) {
@@ -130,15 +155,13 @@ NormalizeResult NormalizeTile(const float* M, int R, int C, int iterations, floa
       lc[j] = Clamp(lc[j] + std::log(Clamp(col_std[j], kStdMin, kStdMax)), kLogMin, kLogMax);
       ec[j] = std::exp(lc[j]);
     }
-    Apply(M, R, C, ec.data(), er.data(), X.data());
-    RowStds(X.data(), R, C, row_std.data());
+    // X = (M / ec) / er with the previous row scales: only its row deviations are needed.
+    K.column_pass(M, R, C, ec.data(), er.data(), Y, row_std.data());
     for (int i = 0; i < R; ++i) {
       lr[i] = Clamp(lr[i] + std::log(Clamp(row_std[i], kStdMin, kStdMax)), kLogMin, kLogMax);
       er[i] = std::exp(lr[i]);
     }
-    Apply(M, R, C, ec.data(), er.data(), X.data());
-    ColumnStds(X.data(), R, C, col_std.data());
-    RowStds(X.data(), R, C, row_std.data());
+    K.row_pass(Y, R, C, er.data(), X.data(), col_std.data(), row_std.data());
     const float imb = ImbalanceOf(col_std, row_std);
     if (imb <= best) {  // ties go to the later iterate
       best = imb;

@@ -18,6 +18,14 @@ float SampleStd(const float* x, int n, int stride);
 void ColumnStds(const float* X, int R, int C, float* out);
 void RowStds(const float* X, int R, int C, float* out);
 
+// The scalar reference's normalization passes (the Kernels entries stats, column_pass,
+// row_pass; see kernels.h).
+void ScalarStats(const float* X, int R, int C, float* col_std, float* row_std);
+void ScalarColumnPass(const float* M, int R, int C, const float* ec, const float* er, float* Y,
+                      float* row_std);
+void ScalarRowPass(const float* Y, int R, int C, const float* er, float* X, float* col_std,
+                   float* row_std);
+
 // imb(X) = max col std / max(min col std, 1e-8) + max row std / max(min row std, 1e-8).
 float Imbalance(const float* X, int R, int C);
 
@@ -27,10 +35,13 @@ struct NormalizeResult {
   int best_iteration = 0;  // 0 = the input itself (scales 1)
 };
 
+struct Kernels;
+
 // M: R x C row-major fp32. Writes the row scales s_r [R] and column scales s_c [C] of the best
-// iterate; X is scratch of R*C floats. With iterations == 0 the scales are 1.
+// iterate; X is scratch (2*R*C floats). With iterations == 0 the scales are 1. The passes over the
+// tile run on `k` (the scalar reference when NULL); every ISA gives the same bits.
 NormalizeResult NormalizeTile(const float* M, int R, int C, int iterations, float* s_r, float* s_c,
-                              std::vector<float>& X);
+                              std::vector<float>& X, const Kernels* k = nullptr);
 
 }  // namespace cpu
 }  // namespace kvarn

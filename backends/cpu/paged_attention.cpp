@@ -13,6 +13,8 @@
 #include "backends/cpu/cpu_kernels.h"
 #include "backends/cpu/dtype_io.h"
 #include "backends/cpu/hadamard.h"
+#include "backends/cpu/kernels.h"
+#include "backends/cpu/record_codec.h"
 #include "backends/cpu/rtn_pack.h"
 #include "core/thread_pool.h"
 
@@ -25,130 +27,93 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kTilesPerSplit = 64;
 constexpr int kMaxSplits = 64;
 
-inline float ReadHalf(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return half_to_float(v);
+// The online-softmax update shared by the scalar paths: scores [n] (scaled) -> probabilities
+// relative to the new max; returns the factor that rescales the old state.
+float SoftmaxStep(float* scores, int n, AttnQuery& st) {
+  float mx = kNegInf;
+  for (int t = 0; t < n; ++t) mx = std::max(mx, scores[t]);
+  const float m_new = std::max(*st.m, mx);
+  const float alpha = *st.m == kNegInf ? 0.f : std::exp(*st.m - m_new);
+  float psum = 0.f;
+  for (int t = 0; t < n; ++t) {
+    scores[t] = std::exp(scores[t] - m_new);
+    psum += scores[t];
+  }
+  *st.l = *st.l * alpha + psum;
+  *st.m = m_new;
+  return alpha;
 }
 
-// Online-softmax state of one (query token, query head).
-struct SoftmaxState {
-  float m;
-  float l;
-  float* acc;  // D floats
-};
+}  // namespace
 
-// One tile's contribution in folded form for all queries of a work item.
-class TileVisitor {
- public:
-  TileVisitor(const Config& cfg, const PagedKV& kv, float scale)
-      : cfg_(cfg), kv_(kv), scale_(scale), D_(cfg.D), G_(cfg.G) {
-    kcodes_.resize(static_cast<size_t>(D_) * G_);
-    vcodes_.resize(kcodes_.size());
-    ka_.resize(D_);
-    kz_.resize(D_);
-    kc_.resize(G_);
-    va_.resize(G_);
-    vz_.resize(G_);
-    vc_.resize(D_);
-    kf_.resize(kcodes_.size());
-    vf_.resize(kcodes_.size());
-    scores_.resize(G_);
-    vsum_.resize(D_);
-  }
-
-  // Loads a record tile (unpacked codes and fp32 scales).
-  void LoadRecord(const uint8_t* rec) {
-    const RecordLayout& L = cfg_.layout;
-    UnpackRows(rec + L.offset[KVARN_FIELD_K_CODES], D_, G_, cfg_.key_bits, kcodes_.data());
-    UnpackRows(rec + L.offset[KVARN_FIELD_V_CODES], G_, D_, cfg_.value_bits, vcodes_.data());
-    for (int d = 0; d < D_; ++d) {
-      ka_[d] = ReadHalf(rec + L.offset[KVARN_FIELD_K_SCALE] + 2 * d);
-      kz_[d] = ReadHalf(rec + L.offset[KVARN_FIELD_K_ZERO] + 2 * d);
-      vc_[d] = ReadHalf(rec + L.offset[KVARN_FIELD_V_CHANNEL_SCALE] + 2 * d);
+void ScalarAttendRecord(const RecordView& rec, int D, int G, int key_bits, int value_bits,
+                        float scale, AttnQuery* qs, int nq, float* scores, float* vsum) {
+  thread_local std::vector<uint8_t> kcodes, vcodes;
+  kcodes.resize(static_cast<size_t>(D) * G);
+  vcodes.resize(kcodes.size());
+  UnpackRows(rec.k_codes, D, G, key_bits, kcodes.data());
+  UnpackRows(rec.v_codes, G, D, value_bits, vcodes.data());
+  for (int qi = 0; qi < nq; ++qi) {
+    AttnQuery& st = qs[qi];
+    const int n_valid = st.n_valid;
+    if (n_valid <= 0) continue;
+    const float* q = st.q;
+    // q'.K'[:,t] = c_t * (sum_d (q_d a_d) code[d,t] + sum_d q_d z_d)
+    float qz = 0.f;
+    std::fill(scores, scores + n_valid, 0.f);
+    for (int d = 0; d < D; ++d) {
+      const float qa = q[d] * rec.ka[d];
+      qz += q[d] * rec.kz[d];
+      const uint8_t* codes = kcodes.data() + static_cast<size_t>(d) * G;
+      for (int t = 0; t < n_valid; ++t) scores[t] += qa * codes[t];
     }
-    for (int t = 0; t < G_; ++t) {
-      kc_[t] = ReadHalf(rec + L.offset[KVARN_FIELD_K_TOKEN_SCALE] + 2 * t);
-      va_[t] = ReadHalf(rec + L.offset[KVARN_FIELD_V_SCALE] + 2 * t);
-      vz_[t] = ReadHalf(rec + L.offset[KVARN_FIELD_V_ZERO] + 2 * t);
-    }
-    is_record_ = true;
-  }
-
-  // Loads an fp16 page tile (one KV head).
-  void LoadPage(const uint16_t* k, const uint16_t* v) {
-    for (size_t e = 0; e < kf_.size(); ++e) {
-      kf_[e] = half_to_float(k[e]);
-      vf_[e] = half_to_float(v[e]);
-    }
-    is_record_ = false;
-  }
-
-  // Adds tokens [0, n_valid) of the loaded tile to one query's state. q: rotated query [D].
-  void Accumulate(const float* q, int n_valid, SoftmaxState& st) {
-    if (n_valid <= 0) return;
-    float mx = kNegInf;
-    if (is_record_) {
-      // q'.K'[:,t] = c_t * (sum_d (q_d a_d) code[d,t] + sum_d q_d z_d)
-      float qz = 0.f;
-      std::fill(scores_.begin(), scores_.begin() + n_valid, 0.f);
-      for (int d = 0; d < D_; ++d) {
-        const float qa = q[d] * ka_[d];
-        qz += q[d] * kz_[d];
-        const uint8_t* codes = kcodes_.data() + static_cast<size_t>(d) * G_;
-        for (int t = 0; t < n_valid; ++t) scores_[t] += qa * codes[t];
-      }
-      for (int t = 0; t < n_valid; ++t) {
-        scores_[t] = scale_ * kc_[t] * (scores_[t] + qz);
-        mx = std::max(mx, scores_[t]);
-      }
-    } else {
-      for (int t = 0; t < n_valid; ++t) {
-        const float* kr = kf_.data() + static_cast<size_t>(t) * D_;
-        float s = 0.f;
-        for (int d = 0; d < D_; ++d) s += q[d] * kr[d];
-        scores_[t] = scale_ * s;
-        mx = std::max(mx, scores_[t]);
-      }
-    }
-    const float m_new = std::max(st.m, mx);
-    const float alpha = st.m == kNegInf ? 0.f : std::exp(st.m - m_new);
-    float psum = 0.f;
+    for (int t = 0; t < n_valid; ++t) scores[t] = scale * rec.kc[t] * (scores[t] + qz);
+    const float alpha = SoftmaxStep(scores, n_valid, st);
+    // sum_t p_t V'[t,:] = c' * (sum_t (p_t a'_t) code[t,:] + sum_t p_t z'_t)
+    std::fill(vsum, vsum + D, 0.f);
+    float pz = 0.f;
     for (int t = 0; t < n_valid; ++t) {
-      scores_[t] = std::exp(scores_[t] - m_new);
-      psum += scores_[t];
+      const float pa = scores[t] * rec.va[t];
+      pz += scores[t] * rec.vz[t];
+      const uint8_t* codes = vcodes.data() + static_cast<size_t>(t) * D;
+      for (int d = 0; d < D; ++d) vsum[d] += pa * codes[d];
     }
-    st.l = st.l * alpha + psum;
-    st.m = m_new;
-    if (is_record_) {
-      // sum_t p_t V'[t,:] = c' * (sum_t (p_t a'_t) code[t,:] + sum_t p_t z'_t)
-      std::fill(vsum_.begin(), vsum_.end(), 0.f);
-      float pz = 0.f;
-      for (int t = 0; t < n_valid; ++t) {
-        const float pa = scores_[t] * va_[t];
-        pz += scores_[t] * vz_[t];
-        const uint8_t* codes = vcodes_.data() + static_cast<size_t>(t) * D_;
-        for (int d = 0; d < D_; ++d) vsum_[d] += pa * codes[d];
-      }
-      for (int d = 0; d < D_; ++d) st.acc[d] = st.acc[d] * alpha + vc_[d] * (vsum_[d] + pz);
-    } else {
-      for (int d = 0; d < D_; ++d) st.acc[d] *= alpha;
-      for (int t = 0; t < n_valid; ++t) {
-        const float* vr = vf_.data() + static_cast<size_t>(t) * D_;
-        for (int d = 0; d < D_; ++d) st.acc[d] += scores_[t] * vr[d];
-      }
+    for (int d = 0; d < D; ++d) st.acc[d] = st.acc[d] * alpha + rec.vc[d] * (vsum[d] + pz);
+  }
+}
+
+void ScalarAttendPage(const uint16_t* k, const uint16_t* v, int D, int G, float scale,
+                      AttnQuery* qs, int nq, float* scores) {
+  thread_local std::vector<float> kf, vf;
+  kf.resize(static_cast<size_t>(D) * G);
+  vf.resize(kf.size());
+  int n_max = 0;
+  for (int qi = 0; qi < nq; ++qi) n_max = std::max(n_max, qs[qi].n_valid);
+  // Only the visible rows: slots past the sequence end may hold anything (NaN included).
+  for (size_t e = 0; e < static_cast<size_t>(n_max) * D; ++e) {
+    kf[e] = half_to_float(k[e]);
+    vf[e] = half_to_float(v[e]);
+  }
+  for (int qi = 0; qi < nq; ++qi) {
+    AttnQuery& st = qs[qi];
+    const int n_valid = st.n_valid;
+    if (n_valid <= 0) continue;
+    for (int t = 0; t < n_valid; ++t) {
+      const float* kr = kf.data() + static_cast<size_t>(t) * D;
+      float s = 0.f;
+      for (int d = 0; d < D; ++d) s += st.q[d] * kr[d];
+      scores[t] = scale * s;
+    }
+    const float alpha = SoftmaxStep(scores, n_valid, st);
+    for (int d = 0; d < D; ++d) st.acc[d] *= alpha;
+    for (int t = 0; t < n_valid; ++t) {
+      const float* vr = vf.data() + static_cast<size_t>(t) * D;
+      for (int d = 0; d < D; ++d) st.acc[d] += scores[t] * vr[d];
     }
   }
+}
 
- private:
-  const Config& cfg_;
-  const PagedKV& kv_;
-  float scale_;
-  int D_, G_;
-  bool is_record_ = false;
-  std::vector<uint8_t> kcodes_, vcodes_;
-  std::vector<float> ka_, kz_, kc_, va_, vz_, vc_, kf_, vf_, scores_, vsum_;
-};
+namespace {
 
 int NumSplits(const AttentionArgs& args, int max_tiles) {
   if (args.num_splits > 0) return std::min(args.num_splits, std::max(max_tiles, 1));
@@ -167,6 +132,7 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
                       const void* q, void* out, float* lse, void*, size_t) {
   const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads, Hq = args.num_q_heads;
   const int group = Hq / Hk;
+  const Kernels& K = KernelsFor(ctx->isa);
   KVARN_RETURN_IF_ERROR(CheckPagedTables(cfg, kv));
   // Query token ranges per sequence.
   std::vector<int64_t> q_begin(kv.batch + 1);
@@ -190,7 +156,7 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   std::vector<float> qr(total_q * Hq * D);
   for (size_t r = 0; r < total_q * Hq; ++r) {
     LoadRow(args.q_dtype, q, r * D, D, qr.data() + r * D);
-    if (cfg.k_rotate) HadamardInPlace(qr.data() + r * D, D);
+    if (cfg.k_rotate) K.hadamard(qr.data() + r * D, D);
   }
 
   // Partial results per (sequence, KV head, split): for each of its queries m, l, acc[D].
@@ -215,29 +181,32 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
     P.m.assign(nstate, kNegInf);
     P.l.assign(nstate, 0.f);
     P.acc.assign(nstate * D, 0.f);
-    TileVisitor vis(cfg, kv, args.scale);
+    std::vector<AttnQuery> qs(nstate);
+    std::vector<float> scales, scores((nstate + 4) * G), vsum((nstate + 4) * D);
     const int32_t* row = kv.block_table + static_cast<size_t>(b) * kv.max_blocks_per_seq;
     const int64_t rt = kv.record_tiles[b];
     for (int tile = t0; tile < t1; ++tile) {
-      const bool is_record = tile >= cfg.sink_tiles && tile < cfg.sink_tiles + rt;
-      if (is_record) {
-        vis.LoadRecord(kv.records + (static_cast<size_t>(row[tile]) * Hk + h) * kv.record_stride);
-      } else {
-        const size_t off = row[tile] * page_elems + static_cast<size_t>(h) * G * D;
-        vis.LoadPage(kv.k_pages + off, kv.v_pages + off);
-      }
       for (int64_t i = 0; i < nq; ++i) {
         // Causal, aligned to the end: query i of nq sees keys < N - nq + i + 1.
         const int64_t limit = N - nq + i + 1;
         const int n_valid = static_cast<int>(std::min<int64_t>(G, limit - int64_t{tile} * G));
         for (int g = 0; g < group; ++g) {
           const size_t s = static_cast<size_t>(i) * group + g;
-          const float* qv = qr.data() + ((q_begin[b] + i) * Hq + h * group + g) * D;
-          SoftmaxState st{P.m[s], P.l[s], P.acc.data() + s * D};
-          vis.Accumulate(qv, n_valid, st);
-          P.m[s] = st.m;
-          P.l[s] = st.l;
+          qs[s] = AttnQuery{qr.data() + ((q_begin[b] + i) * Hq + h * group + g) * D, n_valid,
+                            &P.m[s], &P.l[s], P.acc.data() + s * D};
         }
+      }
+      const bool is_record = tile >= cfg.sink_tiles && tile < cfg.sink_tiles + rt;
+      if (is_record) {
+        const RecordView rec = ViewRecord(
+            cfg, kv.records + (static_cast<size_t>(row[tile]) * Hk + h) * kv.record_stride, scales,
+            &K);
+        K.attend_record(rec, D, G, cfg.key_bits, cfg.value_bits, args.scale, qs.data(),
+                        static_cast<int>(nstate), scores.data(), vsum.data());
+      } else {
+        const size_t off = row[tile] * page_elems + static_cast<size_t>(h) * G * D;
+        K.attend_page(kv.k_pages + off, kv.v_pages + off, D, G, args.scale, qs.data(),
+                      static_cast<int>(nstate), scores.data());
       }
     }
   });
@@ -262,7 +231,7 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
           for (int d = 0; d < D; ++d) o[d] += P.acc[s * D + d] * w;
         }
         for (int d = 0; d < D; ++d) o[d] /= L;
-        if (cfg.v_rotate) HadamardInPlace(o.data(), D);  // o = o' H
+        if (cfg.v_rotate) K.hadamard(o.data(), D);  // o = o' H
         const size_t qrow = (q_begin[b] + i) * Hq + h * group + g;
         StoreRow(args.out_dtype, out, qrow * D, D, o.data());
         if (lse != nullptr) lse[qrow] = M + std::log(L);

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "backends/cpu/kernels.h"
 #include "backends/cpu/normalize.h"
 #include "backends/cpu/rtn_pack.h"
 #include "core/half.h"
@@ -27,22 +28,20 @@ inline uint16_t ReadU16(const uint8_t* p) {
 }  // namespace
 
 Status QuantizeMatrix(const float* M, int R, int C, int bits, bool normalize, int iterations,
-                      TileScratch& s, uint8_t* codes, uint16_t* a, uint16_t* z, uint16_t* c) {
+                      TileScratch& s, uint8_t* codes, uint16_t* a, uint16_t* z, uint16_t* c,
+                      const Kernels* k) {
+  const Kernels& K = k ? *k : ScalarKernels();
   s.s_r.assign(R, 1.f);
   s.s_c.assign(C, 1.f);
   s.B.resize(static_cast<size_t>(R) * C);
   if (normalize && iterations > 0) {
-    NormalizeTile(M, R, C, iterations, s.s_r.data(), s.s_c.data(), s.X);
-  }
-  for (int i = 0; i < R; ++i) {
-    for (int j = 0; j < C; ++j) {
-      const size_t e = static_cast<size_t>(i) * C + j;
-      s.B[e] = (M[e] / s.s_c[j]) / s.s_r[i];  // column scale first, then row (section 4)
-    }
+    NormalizeTile(M, R, C, iterations, s.s_r.data(), s.s_c.data(), s.X, &K);
   }
   s.lo.resize(R);
   s.step.resize(R);
-  RoundToNearestRows(s.B.data(), R, C, bits, codes, s.lo.data(), s.step.data());
+  // B = (M / s_c) / s_r, column scale first (section 4), then RTN per row (section 5).
+  K.balance_rtn(M, R, C, s.s_c.data(), s.s_r.data(), bits, s.B.data(), codes, s.lo.data(),
+                s.step.data());
   // Scale absorption (section 6): the row scale absorbs the RTN step and zero.
   for (int i = 0; i < R; ++i) {
     if (!StoreHalfChecked(s.s_r[i] * s.step[i], &a[i]) ||
@@ -60,72 +59,102 @@ Status QuantizeMatrix(const float* M, int R, int C, int bits, bool normalize, in
 }
 
 Status QuantizeRecord(const Config& cfg, const uint16_t* k_tile, const uint16_t* v_tile,
-                      uint8_t* record, TileScratch& s) {
+                      uint8_t* record, TileScratch& s, const Kernels* k) {
+  const Kernels& K = k ? *k : ScalarKernels();
   const int D = cfg.D, G = cfg.G;
   const RecordLayout& L = cfg.layout;
   const size_t n = static_cast<size_t>(G) * D;
-  for (size_t e = 0; e < n; ++e) {
-    if ((k_tile[e] & 0x7c00u) == 0x7c00u || (v_tile[e] & 0x7c00u) == 0x7c00u) {
-      return {KVARN_ERR_NON_FINITE, "tile holds a NaN or Inf value"};
-    }
-  }
   s.M.resize(n);
+  s.V.resize(n);
   s.codes.resize(n);
   std::vector<uint16_t> a(std::max(D, G)), z(std::max(D, G)), c(std::max(D, G));
 
-  // K: rows = channels d, columns = tokens t.
-  for (int d = 0; d < D; ++d) {
-    for (int t = 0; t < G; ++t)
-      s.M[static_cast<size_t>(d) * G + t] = half_to_float(k_tile[t * D + d]);
+  // Both tiles in fp32, checked for inf/NaN before any work: K transposed (rows = channels d,
+  // columns = tokens t), V as stored (rows = tokens t, columns = channels d).
+  if (!K.load_tile(k_tile, G, D, true, s.M.data()) ||
+      !K.load_tile(v_tile, G, D, false, s.V.data())) {
+    return {KVARN_ERR_NON_FINITE, "tile holds a NaN or Inf value"};
   }
   KVARN_RETURN_IF_ERROR(QuantizeMatrix(s.M.data(), D, G, cfg.key_bits, cfg.k_normalize,
                                        cfg.iterations, s, s.codes.data(), a.data(), z.data(),
-                                       c.data()));
-  PackRows(s.codes.data(), D, G, cfg.key_bits, record + L.offset[KVARN_FIELD_K_CODES]);
+                                       c.data(), &K));
+  K.pack_rows(s.codes.data(), D, G, cfg.key_bits, record + L.offset[KVARN_FIELD_K_CODES]);
   std::memcpy(record + L.offset[KVARN_FIELD_K_SCALE], a.data(), 2 * D);
   std::memcpy(record + L.offset[KVARN_FIELD_K_ZERO], z.data(), 2 * D);
   std::memcpy(record + L.offset[KVARN_FIELD_K_TOKEN_SCALE], c.data(), 2 * G);
 
   // V: rows = tokens t, columns = channels d.
-  for (size_t e = 0; e < n; ++e) s.M[e] = half_to_float(v_tile[e]);
-  KVARN_RETURN_IF_ERROR(QuantizeMatrix(s.M.data(), G, D, cfg.value_bits, cfg.v_normalize,
+  KVARN_RETURN_IF_ERROR(QuantizeMatrix(s.V.data(), G, D, cfg.value_bits, cfg.v_normalize,
                                        cfg.iterations, s, s.codes.data(), a.data(), z.data(),
-                                       c.data()));
-  PackRows(s.codes.data(), G, D, cfg.value_bits, record + L.offset[KVARN_FIELD_V_CODES]);
+                                       c.data(), &K));
+  K.pack_rows(s.codes.data(), G, D, cfg.value_bits, record + L.offset[KVARN_FIELD_V_CODES]);
   std::memcpy(record + L.offset[KVARN_FIELD_V_CHANNEL_SCALE], c.data(), 2 * D);
   std::memcpy(record + L.offset[KVARN_FIELD_V_SCALE], a.data(), 2 * G);
   std::memcpy(record + L.offset[KVARN_FIELD_V_ZERO], z.data(), 2 * G);
   return Status::Ok();
 }
 
-void DequantizeRecord(const Config& cfg, const uint8_t* record, float* k, float* v) {
+void ScalarHalvesToFloats(const uint8_t* in, int n, float* out) {
+  for (int i = 0; i < n; ++i) out[i] = half_to_float(ReadU16(in + 2 * i));
+}
+
+RecordView ViewRecord(const Config& cfg, const uint8_t* rec, std::vector<float>& f,
+                      const Kernels* kernels) {
+  const Kernels& K = kernels ? *kernels : ScalarKernels();
   const int D = cfg.D, G = cfg.G;
   const RecordLayout& L = cfg.layout;
+  f.resize(3 * static_cast<size_t>(D) + 3 * static_cast<size_t>(G));
+  float* ka = f.data();
+  float* kz = ka + D;
+  float* vc = kz + D;
+  float* kc = vc + D;
+  float* va = kc + G;
+  float* vz = va + G;
+  K.halves_to_floats(rec + L.offset[KVARN_FIELD_K_SCALE], D, ka);
+  K.halves_to_floats(rec + L.offset[KVARN_FIELD_K_ZERO], D, kz);
+  K.halves_to_floats(rec + L.offset[KVARN_FIELD_V_CHANNEL_SCALE], D, vc);
+  K.halves_to_floats(rec + L.offset[KVARN_FIELD_K_TOKEN_SCALE], G, kc);
+  K.halves_to_floats(rec + L.offset[KVARN_FIELD_V_SCALE], G, va);
+  K.halves_to_floats(rec + L.offset[KVARN_FIELD_V_ZERO], G, vz);
+  RecordView v;
+  v.k_codes = rec + L.offset[KVARN_FIELD_K_CODES];
+  v.v_codes = rec + L.offset[KVARN_FIELD_V_CODES];
+  v.ka = ka;
+  v.kz = kz;
+  v.kc = kc;
+  v.vc = vc;
+  v.va = va;
+  v.vz = vz;
+  return v;
+}
+
+void ScalarDequantizeRecord(const RecordView& rec, int D, int G, int key_bits, int value_bits,
+                            float* k, float* v) {
   std::vector<uint8_t> codes(static_cast<size_t>(D) * G);
   if (k != nullptr) {
-    UnpackRows(record + L.offset[KVARN_FIELD_K_CODES], D, G, cfg.key_bits, codes.data());
+    UnpackRows(rec.k_codes, D, G, key_bits, codes.data());
     for (int d = 0; d < D; ++d) {
-      const float a = half_to_float(ReadU16(record + L.offset[KVARN_FIELD_K_SCALE] + 2 * d));
-      const float z = half_to_float(ReadU16(record + L.offset[KVARN_FIELD_K_ZERO] + 2 * d));
       for (int t = 0; t < G; ++t) {
-        const float c =
-            half_to_float(ReadU16(record + L.offset[KVARN_FIELD_K_TOKEN_SCALE] + 2 * t));
-        k[t * D + d] = (codes[static_cast<size_t>(d) * G + t] * a + z) * c;
+        k[t * D + d] = (codes[static_cast<size_t>(d) * G + t] * rec.ka[d] + rec.kz[d]) * rec.kc[t];
       }
     }
   }
   if (v != nullptr) {
-    UnpackRows(record + L.offset[KVARN_FIELD_V_CODES], G, D, cfg.value_bits, codes.data());
+    UnpackRows(rec.v_codes, G, D, value_bits, codes.data());
     for (int t = 0; t < G; ++t) {
-      const float a = half_to_float(ReadU16(record + L.offset[KVARN_FIELD_V_SCALE] + 2 * t));
-      const float z = half_to_float(ReadU16(record + L.offset[KVARN_FIELD_V_ZERO] + 2 * t));
       for (int d = 0; d < D; ++d) {
-        const float c =
-            half_to_float(ReadU16(record + L.offset[KVARN_FIELD_V_CHANNEL_SCALE] + 2 * d));
-        v[t * D + d] = (codes[static_cast<size_t>(t) * D + d] * a + z) * c;
+        v[t * D + d] = (codes[static_cast<size_t>(t) * D + d] * rec.va[t] + rec.vz[t]) * rec.vc[d];
       }
     }
   }
+}
+
+void DequantizeRecord(const Config& cfg, const uint8_t* record, float* k, float* v,
+                      const Kernels* kernels) {
+  const Kernels& K = kernels ? *kernels : ScalarKernels();
+  std::vector<float> scales;
+  const RecordView rec = ViewRecord(cfg, record, scales, &K);
+  K.dequantize_record(rec, cfg.D, cfg.G, cfg.key_bits, cfg.value_bits, k, v);
 }
 
 }  // namespace cpu

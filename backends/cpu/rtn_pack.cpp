@@ -29,6 +29,17 @@ void RoundToNearestRows(const float* B, int R, int C, int bits, uint8_t* codes, 
   }
 }
 
+void ScalarBalanceRtn(const float* M, int R, int C, const float* s_c, const float* s_r, int bits,
+                      float* B, uint8_t* codes, float* lo, float* step) {
+  for (int i = 0; i < R; ++i) {
+    for (int j = 0; j < C; ++j) {
+      const size_t e = static_cast<size_t>(i) * C + j;
+      B[e] = (M[e] / s_c[j]) / s_r[i];
+    }
+  }
+  RoundToNearestRows(B, R, C, bits, codes, lo, step);
+}
+
 void PackRows(const uint8_t* codes, int R, int C, int bits, uint8_t* out) {
   const int per_byte = 8 / bits;
   const int row_bytes = C * bits / 8;

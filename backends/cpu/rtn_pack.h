@@ -12,6 +12,11 @@ namespace cpu {
 void RoundToNearestRows(const float* B, int R, int C, int bits, uint8_t* codes, float* lo,
                         float* step);
 
+// B = (M / s_c) / s_r (column scale first, ALGORITHM.md section 4), then RoundToNearestRows:
+// the scalar reference of the Kernels entry balance_rtn.
+void ScalarBalanceRtn(const float* M, int R, int C, const float* s_c, const float* s_r, int bits,
+                      float* B, uint8_t* codes, float* lo, float* step);
+
 // Packs R rows of C codes of `bits` bits, least significant bits first, C*bits/8 bytes per row.
 void PackRows(const uint8_t* codes, int R, int C, int bits, uint8_t* out);
 // The inverse of PackRows.

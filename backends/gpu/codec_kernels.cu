@@ -1,26 +1,593 @@
-// Device-run stand-in for the CUDA codec while it is being written (never committed).
+// Layer 1 (rotate, quantize, dequantize) and the layer-2 flush of the CUDA backend.
+//
+// Quantize and flush are validate-then-write (gpu_common.cuh): one CTA per tile matrix (K or V
+// of one record, codec_tile.cuh) writes the record into the context's scratch and reports
+// non-finite inputs or fp16 overflows in the error words; a guarded kernel copies the staged
+// records to their destinations only if nothing was reported; the host then synchronizes and
+// returns the status. Nothing is written on failure.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+
+#include "backends/gpu/codec_tile.cuh"
 #include "backends/gpu/gpu_common.cuh"
 #include "backends/gpu/gpu_ops.h"
+#include "backends/gpu/hadamard_fwht.cuh"
+
 namespace kvarn {
 namespace gpu {
-Status Rotate(Context*, int, size_t, kvarn_dtype_t, const void*, kvarn_dtype_t, void*) {
-  return Unsupported("CUDA rotate is not written yet");
+namespace {
+
+// (float)(1 / sqrt(D)) exactly as the CPU computes it (backends/cpu/hadamard.cpp).
+float RotationScale(int D) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))); }
+
+// Calls f(integral_constant<D>, integral_constant<G>) for a supported shape.
+template <typename F>
+Status DispatchDG(int D, int G, F&& f) {
+  using std::integral_constant;
+  const bool g128 = G == 128;
+  if (G != 64 && G != 128) return Unsupported("tile size " + std::to_string(G));
+  switch (D) {
+    case 64:
+      return g128 ? f(integral_constant<int, 64>{}, integral_constant<int, 128>{})
+                  : f(integral_constant<int, 64>{}, integral_constant<int, 64>{});
+    case 128:
+      return g128 ? f(integral_constant<int, 128>{}, integral_constant<int, 128>{})
+                  : f(integral_constant<int, 128>{}, integral_constant<int, 64>{});
+    case 256:
+      return g128 ? f(integral_constant<int, 256>{}, integral_constant<int, 128>{})
+                  : f(integral_constant<int, 256>{}, integral_constant<int, 64>{});
+    case 512:
+      return g128 ? f(integral_constant<int, 512>{}, integral_constant<int, 128>{})
+                  : f(integral_constant<int, 512>{}, integral_constant<int, 64>{});
+    default:
+      return Unsupported("head_dim " + std::to_string(D));
+  }
 }
-Status Quantize(Context*, const Config&, size_t, kvarn_dtype_t, const void*, const void*, uint32_t,
-                void*, size_t) {
-  return Unsupported("CUDA quantize is not written yet");
+
+template <typename F>
+Status DispatchD(int D, F&& f) {
+  using std::integral_constant;
+  switch (D) {
+    case 64:
+      return f(integral_constant<int, 64>{});
+    case 128:
+      return f(integral_constant<int, 128>{});
+    case 256:
+      return f(integral_constant<int, 256>{});
+    case 512:
+      return f(integral_constant<int, 512>{});
+    default:
+      return Unsupported("head_dim " + std::to_string(D));
+  }
 }
-Status Dequantize(Context*, const Config&, size_t, const void*, size_t, uint32_t, kvarn_dtype_t,
-                  void*, void*) {
-  return Unsupported("CUDA dequantize is not written yet");
+
+unsigned GridFor(Context* ctx, size_t work_items, unsigned per_block, unsigned blocks_per_sm) {
+  const size_t want = (work_items + per_block - 1) / per_block;
+  const size_t cap =
+      static_cast<size_t>(State(ctx)->sm_count > 0 ? State(ctx)->sm_count : 1) * blocks_per_sm;
+  return static_cast<unsigned>(want < 1 ? 1 : (want < cap ? want : cap));
 }
-Status PagedAppend(Context*, const Config&, const PagedKV&, const int32_t*, kvarn_dtype_t,
-                   const void*, const void*) {
-  return Unsupported("CUDA append is not written yet");
+
+// ---- rotate -------------------------------------------------------------------------------
+
+template <int D>
+__global__ void __launch_bounds__(256)
+    RotateKernel(size_t rows, kvarn_dtype_t in_dtype, const void* in, bool vin,
+                 kvarn_dtype_t out_dtype, void* out, bool vout, float scale) {
+  using L = RowLayout<D>;
+  const int lane = threadIdx.x % kWarpSize;
+  const int ld = lane % L::kLanes, lt = lane / L::kLanes;
+  const size_t warp = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const size_t n_warps = static_cast<size_t>(gridDim.x) * blockDim.x / kWarpSize;
+  // Two row groups per iteration keep more loads in flight. The loop bound is uniform per
+  // warp, so every lane reaches the shuffles; each row is loaded completely before it is
+  // stored (the shuffles depend on every load), so `out` may alias `in`.
+  constexpr int kU = 2;
+  const size_t stride = n_warps * L::kRowsPerWarp;
+  for (size_t r0 = warp * L::kRowsPerWarp; r0 < rows; r0 += kU * stride) {
+    float x[kU][L::kPerLane];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const size_t r = r0 + u * stride + lt;
+#pragma unroll
+      for (int c = 0; c < L::kChunks; ++c) {
+        if (r < rows) {
+          Load8(in_dtype, in, r * D + L::Channel(ld, c), vin, &x[u][c * 8]);
+        } else {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) x[u][c * 8 + e] = 0.f;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) FwhtRow<D>(x[u], ld, scale);
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const size_t r = r0 + u * stride + lt;
+      if (r < rows) {
+#pragma unroll
+        for (int c = 0; c < L::kChunks; ++c) {
+          Store8(out_dtype, out, r * D + L::Channel(ld, c), vout, &x[u][c * 8]);
+        }
+      }
+    }
+  }
 }
-Status PagedFlush(Context*, const Config&, const PagedKV&, size_t, const int32_t*,
-                  const int32_t*) {
-  return Unsupported("CUDA flush is not written yet");
+
+// ---- quantize / flush: one CTA per tile matrix ------------------------------------------------
+
+struct TileJob {
+  // Sources: fp16 tiles [.][G][D] (K at src[0], V at src[1]); tile index of item i is
+  // src_pages[i / hk] * hk + i % hk (flush: pages are [Hk][G][D]) or i (src_pages NULL).
+  const uint16_t* src[2];
+  const int32_t* src_pages;
+  int hk;
+  int item_base;  // index of this launch's first item among the staged records
+  bool normalize[2];
+  int bits[2];
+  int iterations;
+  uint8_t* staged;  // [items][rb]
+  size_t rb;
+  RecordOffsets ro;
+  DeviceErrorWords* errors;
+};
+
+// One CTA per (item, K or V). The tile is copied to shared memory (kSmemTile) or read in place.
+// Error detail words of the synchronous operations (formatted by the host): a = item, b = which
+// for a tile error, which | (token + 1) << 1 for an input row of layer 1.
+template <int D, int G, bool kSmemTile>
+__global__ void __launch_bounds__(TileShape<D, G>::kThreads, TileShape<D, G>::kMinBlocks)
+    QuantizeTilesKernel(const TileJob job) {
+  using Shape = TileShape<D, G>;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  TileSmem<D, G> smem(reinterpret_cast<float*>(smem_raw));
+  const int item = blockIdx.x, which = blockIdx.y;
+  const size_t index =
+      job.src_pages ? static_cast<size_t>(job.src_pages[item / job.hk]) * job.hk + item % job.hk
+                    : static_cast<size_t>(item);
+  const uint16_t* src = (which ? job.src[1] : job.src[0]) + index * G * D;
+  uint16_t* tile_smem = reinterpret_cast<uint16_t*>(smem_raw + Shape::kAuxBytes);
+  bool bad = false;
+  for (int i = threadIdx.x; i < G * D / 8; i += Shape::kThreads) {
+    const uint4 u = reinterpret_cast<const uint4*>(src)[i];
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      // Either half has all exponent bits set: inf or NaN.
+      bad |= (w[q] & 0x7c00u) == 0x7c00u || (w[q] & 0x7c000000u) == 0x7c000000u;
+    }
+    if (kSmemTile) reinterpret_cast<uint4*>(tile_smem)[i] = u;
+  }
+  if (__syncthreads_or(bad)) {
+    if (bad) {
+      ReportDeviceError(job.errors, KVARN_ERR_NON_FINITE, kErrNonFinite, job.item_base + item,
+                        which);
+    }
+    return;
+  }
+  const TileCta<D, G> cta(kSmemTile ? tile_smem : src);
+  uint8_t* rec = job.staged + static_cast<size_t>(job.item_base + item) * job.rb;
+  const bool overflow = which == 0 ? cta.template Quantize<false>(job.bits[0], job.normalize[0],
+                                                                  job.iterations, rec, job.ro, smem)
+                                   : cta.template Quantize<true>(job.bits[1], job.normalize[1],
+                                                                 job.iterations, rec, job.ro, smem);
+  if (overflow) {
+    ReportDeviceError(job.errors, KVARN_ERR_OVERFLOW, kErrOverflow, job.item_base + item, which);
+  }
 }
+
+// Layer 1: converts rows of k/v (dtype) to the cache frame exactly like ToCacheFrame on the CPU
+// (finite check, rotation, fp16 rounding with overflow check) into fp16 tiles dst[which]
+// [tiles][G][D]. Rows r of tiles [tile_base, tile_base + rows / G).
+template <int D>
+__global__ void __launch_bounds__(256)
+    ConvertRowsKernel(const void* k, const void* v, kvarn_dtype_t dtype, bool vec, bool rot_k,
+                      bool rot_v, float scale, size_t tile_base, int G, size_t rows,
+                      uint16_t* dst_k, uint16_t* dst_v, DeviceErrorWords* errors) {
+  using L = RowLayout<D>;
+  const int which = blockIdx.y;
+  const void* src = which ? v : k;
+  uint16_t* dst = which ? dst_v : dst_k;
+  const bool rot = which ? rot_v : rot_k;
+  const int lane = threadIdx.x % kWarpSize;
+  const int ld = lane % L::kLanes, lt = lane / L::kLanes;
+  const size_t warp = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const size_t n_warps = static_cast<size_t>(gridDim.x) * blockDim.x / kWarpSize;
+  for (size_t r0 = warp * L::kRowsPerWarp; r0 < rows; r0 += n_warps * L::kRowsPerWarp) {
+    const size_t r = r0 + lt;
+    const bool valid = r < rows;
+    float x[L::kPerLane];
+#pragma unroll
+    for (int c = 0; c < L::kChunks; ++c) {
+      if (valid) {
+        Load8(dtype, src, (tile_base * G + r) * D + L::Channel(ld, c), vec, &x[c * 8]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) x[c * 8 + e] = 0.f;
+      }
+    }
+    bool nf = false, of = false;
+#pragma unroll
+    for (int j = 0; j < L::kPerLane; ++j) nf |= !isfinite(x[j]);
+    if (rot) FwhtRow<D>(x, ld, scale);
+    uint16_t h[L::kPerLane];
+#pragma unroll
+    for (int j = 0; j < L::kPerLane; ++j) {
+      h[j] = FloatToHalfBits(x[j]);
+      of |= !HalfBitsFinite(h[j]);
+    }
+    // A row with a NaN/Inf anywhere is non-finite; otherwise an unrepresentable value after
+    // rotation is an overflow.
+    nf = RowAny<D>(nf);
+    of = RowAny<D>(of);
+    if (!valid) continue;
+    if (ld == 0 && (nf || of)) {
+      const size_t tile = tile_base + r / G;
+      const int t = static_cast<int>(r % G);
+      ReportDeviceError(errors, nf ? KVARN_ERR_NON_FINITE : KVARN_ERR_OVERFLOW,
+                        nf ? kErrNonFinite : kErrOverflow, static_cast<int32_t>(tile),
+                        which | ((t + 1) << 1));
+    }
+#pragma unroll
+    for (int c = 0; c < L::kChunks; ++c) Store8Halves(dst + r * D + L::Channel(ld, c), &h[c * 8]);
+  }
+}
+
+// Copies staged record `item` (rb bytes) to its destination unless the launch failed.
+// Destination: dst + index * stride, index = item (dst_blocks NULL) or dst_blocks[item / hk] *
+// hk + item % hk. kVec: bytes per access (16 when rb, dst and stride allow it, else 1).
+template <int kVec>
+__global__ void __launch_bounds__(256)
+    ScatterRecordsKernel(const uint8_t* staged, size_t rb, uint8_t* dst, size_t stride,
+                         const int32_t* dst_blocks, int hk, const DeviceErrorWords* errors) {
+  if (*static_cast<const volatile int32_t*>(&errors->launch_flag) != 0) return;
+  const size_t item = blockIdx.x;
+  const size_t index =
+      dst_blocks ? static_cast<size_t>(dst_blocks[item / hk]) * hk + item % hk : item;
+  const uint8_t* s = staged + item * rb;
+  uint8_t* d = dst + index * stride;
+  if (kVec == 16) {
+    for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x) {
+      reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
+    }
+  } else {
+    for (size_t i = threadIdx.x; i < rb; i += blockDim.x) d[i] = s[i];
+  }
+}
+
+RecordOffsets Offsets(const Config& cfg) {
+  RecordOffsets ro;
+  for (int f = 0; f < KVARN_FIELD_COUNT; ++f)
+    ro.off[f] = static_cast<uint32_t>(cfg.layout.offset[f]);
+  return ro;
+}
+
+// Launches the tile kernels for `items` records (job.item_base.. of the staged buffer).
+Status LaunchTiles(Context* ctx, const Config& cfg, const TileJob& job, size_t items) {
+  CudaState* s = State(ctx);
+  return DispatchDG(cfg.D, cfg.G, [&](auto d, auto g) -> Status {
+    constexpr int kD = decltype(d)::value, kG = decltype(g)::value;
+    using Shape = TileShape<kD, kG>;
+    const dim3 grid(static_cast<unsigned>(items), 2);
+    const size_t with_tile = Shape::kAuxBytes + Shape::kTileBytes;
+    if (with_tile <= static_cast<size_t>(s->max_smem_optin)) {
+      auto kernel = QuantizeTilesKernel<kD, kG, true>;
+      KVARN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(with_tile)));
+      kernel<<<grid, Shape::kThreads, with_tile, s->stream>>>(job);
+    } else {
+      auto kernel = QuantizeTilesKernel<kD, kG, false>;
+      KVARN_CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
+          kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(Shape::kAuxBytes)));
+      kernel<<<grid, Shape::kThreads, Shape::kAuxBytes, s->stream>>>(job);
+    }
+    return CheckLaunch("QuantizeTilesKernel");
+  });
+}
+
+// The guarded copy of `items` staged records to their destinations.
+Status LaunchScatter(Context* ctx, const uint8_t* staged, size_t rb, size_t items, uint8_t* dst,
+                     size_t stride, const int32_t* dst_blocks, int hk) {
+  CudaState* s = State(ctx);
+  const bool vec = Aligned16(dst) && stride % 16 == 0 && rb % 16 == 0;
+  if (vec) {
+    ScatterRecordsKernel<16><<<static_cast<unsigned>(items), 256, 0, s->stream>>>(
+        staged, rb, dst, stride, dst_blocks, hk, s->errors);
+  } else {
+    ScatterRecordsKernel<1><<<static_cast<unsigned>(items), 256, 0, s->stream>>>(
+        staged, rb, dst, stride, dst_blocks, hk, s->errors);
+  }
+  return CheckLaunch("ScatterRecordsKernel");
+}
+
+size_t AlignUp(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+// ---- dequantize ---------------------------------------------------------------------------
+
+struct DequantJob {
+  const uint8_t* records;
+  size_t stride;
+  RecordOffsets ro;
+  int G;
+  int bits[2];
+  bool unrotate[2];
+  float scale;
+  kvarn_dtype_t out_dtype;
+  void* out[2];
+  bool vec[2];
+  size_t rows;  // n_tiles * G
+};
+
+__device__ __forceinline__ float ReadHalf(const uint8_t* p) {
+  return HalfBitsToFloat(static_cast<uint16_t>(p[0] | (static_cast<uint16_t>(p[1]) << 8)));
+}
+
+// One token row of K or V (blockIdx.y) per row group: K'[t,d] = (code*a_d + z_d)*c_t,
+// V'[t,d] = (code*a'_t + z'_t)*c'_d with unfused fp32 operations (the CPU's rounding), then the
+// inverse rotation.
+template <int D>
+__global__ void __launch_bounds__(256) DequantizeKernel(const DequantJob job) {
+  using L = RowLayout<D>;
+  const int which = blockIdx.y;
+  void* const out = which ? job.out[1] : job.out[0];
+  if (out == nullptr) return;
+  const bool unrotate = which ? job.unrotate[1] : job.unrotate[0];
+  const bool vec = which ? job.vec[1] : job.vec[0];
+  const int lane = threadIdx.x % kWarpSize;
+  const int ld = lane % L::kLanes, lt = lane / L::kLanes;
+  const size_t warp = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarpSize;
+  const size_t n_warps = static_cast<size_t>(gridDim.x) * blockDim.x / kWarpSize;
+  const int G = job.G, bits = which ? job.bits[1] : job.bits[0];
+  const unsigned mask = (1u << bits) - 1u;
+  const int per_byte = 8 / bits;
+  for (size_t r0 = warp * L::kRowsPerWarp; r0 < job.rows; r0 += n_warps * L::kRowsPerWarp) {
+    const size_t r = r0 + lt;
+    const bool valid = r < job.rows;
+    float x[L::kPerLane];
+    if (valid) {
+      const size_t tile = r / G;
+      const int t = static_cast<int>(r % G);
+      const uint8_t* rec = job.records + tile * job.stride;
+      if (which == 0) {
+        const uint8_t* codes = rec + job.ro.off[KVARN_FIELD_K_CODES];
+        const float c = ReadHalf(rec + job.ro.off[KVARN_FIELD_K_TOKEN_SCALE] + 2 * t);
+        const int row_bytes = G * bits / 8;
+#pragma unroll
+        for (int j = 0; j < L::kPerLane; ++j) {
+          const int d = L::Channel(ld, j / 8) + j % 8;
+          const unsigned code = (codes[static_cast<size_t>(d) * row_bytes + t / per_byte] >>
+                                 ((t % per_byte) * bits)) &
+                                mask;
+          const float a = ReadHalf(rec + job.ro.off[KVARN_FIELD_K_SCALE] + 2 * d);
+          const float z = ReadHalf(rec + job.ro.off[KVARN_FIELD_K_ZERO] + 2 * d);
+          x[j] = __fmul_rn(__fadd_rn(__fmul_rn(static_cast<float>(code), a), z), c);
+        }
+      } else {
+        const uint8_t* codes =
+            rec + job.ro.off[KVARN_FIELD_V_CODES] + static_cast<size_t>(t) * (D * bits / 8);
+        const float a = ReadHalf(rec + job.ro.off[KVARN_FIELD_V_SCALE] + 2 * t);
+        const float z = ReadHalf(rec + job.ro.off[KVARN_FIELD_V_ZERO] + 2 * t);
+#pragma unroll
+        for (int j = 0; j < L::kPerLane; ++j) {
+          const int d = L::Channel(ld, j / 8) + j % 8;
+          const unsigned code = (codes[d / per_byte] >> ((d % per_byte) * bits)) & mask;
+          const float c = ReadHalf(rec + job.ro.off[KVARN_FIELD_V_CHANNEL_SCALE] + 2 * d);
+          x[j] = __fmul_rn(__fadd_rn(__fmul_rn(static_cast<float>(code), a), z), c);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < L::kPerLane; ++j) x[j] = 0.f;
+    }
+    if (unrotate) FwhtRow<D>(x, ld, job.scale);  // H is its own inverse
+    if (valid) {
+#pragma unroll
+      for (int c = 0; c < L::kChunks; ++c) {
+        Store8(job.out_dtype, out, r * D + L::Channel(ld, c), vec, &x[c * 8]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Status Rotate(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const void* in,
+              kvarn_dtype_t out_dtype, void* out) {
+  if (rows == 0) return Status::Ok();
+  CudaState* s = State(ctx);
+  const float scale = RotationScale(D);
+  return DispatchD(D, [&](auto d) -> Status {
+    constexpr int kD = decltype(d)::value;
+    const size_t groups = (rows + RowLayout<kD>::kRowsPerWarp - 1) / RowLayout<kD>::kRowsPerWarp;
+    const unsigned grid = GridFor(ctx, groups, 256 / kWarpSize, 8);
+    RotateKernel<kD><<<grid, 256, 0, s->stream>>>(rows, in_dtype, in, Aligned16(in), out_dtype, out,
+                                                  Aligned16(out), scale);
+    return CheckLaunch("RotateKernel");
+  });
+}
+
+Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype, const void* k,
+                const void* v, uint32_t flags, void* records, size_t record_stride) {
+  if (n_tiles == 0) return Status::Ok();
+  if (n_tiles > 0x7fffffffu) return Unsupported("more than 2^31-1 tiles in one call");
+  const bool cache_frame = (flags & KVARN_CODEC_CACHE_FRAME) != 0;
+  const int D = cfg.D, G = cfg.G;
+  const size_t rb = cfg.record_bytes();
+  const size_t tile_bytes = static_cast<size_t>(G) * D * 2;
+  // The cache-frame fp16 tiles are staged in chunks (bounded scratch); the records of all tiles
+  // are staged until every tile succeeded.
+  const size_t chunk = std::min(n_tiles, std::max<size_t>(1, (size_t{64} << 20) / tile_bytes));
+  const size_t staged_bytes = AlignUp(n_tiles * rb, 256);
+  void* scratch = nullptr;
+  KVARN_RETURN_IF_ERROR(EnsureScratch(ctx, staged_bytes + 2 * chunk * tile_bytes, &scratch));
+  uint8_t* staged = static_cast<uint8_t*>(scratch);
+  uint16_t* frame_k = reinterpret_cast<uint16_t*>(staged + staged_bytes);
+  uint16_t* frame_v = frame_k + chunk * G * D;
+  CudaState* s = State(ctx);
+  KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
+  TileJob job{};
+  job.src[0] = frame_k;
+  job.src[1] = frame_v;
+  job.src_pages = nullptr;
+  job.hk = 1;
+  job.normalize[0] = cfg.k_normalize;
+  job.normalize[1] = cfg.v_normalize;
+  job.bits[0] = cfg.key_bits;
+  job.bits[1] = cfg.value_bits;
+  job.iterations = cfg.iterations;
+  job.staged = staged;
+  job.rb = rb;
+  job.ro = Offsets(cfg);
+  job.errors = s->errors;
+  const bool vec = Aligned16(k) && Aligned16(v);
+  const float scale = RotationScale(D);
+  for (size_t first = 0; first < n_tiles; first += chunk) {
+    const size_t n = std::min(chunk, n_tiles - first);
+    KVARN_RETURN_IF_ERROR(DispatchD(D, [&](auto d) -> Status {
+      constexpr int kD = decltype(d)::value;
+      const size_t rows = n * G;
+      const size_t groups = (rows + RowLayout<kD>::kRowsPerWarp - 1) / RowLayout<kD>::kRowsPerWarp;
+      const dim3 grid(GridFor(ctx, groups, 256 / kWarpSize, 8), 2);
+      ConvertRowsKernel<kD><<<grid, 256, 0, s->stream>>>(
+          k, v, dtype, vec, !cache_frame && cfg.k_rotate, !cache_frame && cfg.v_rotate, scale,
+          first, G, rows, frame_k, frame_v, s->errors);
+      return CheckLaunch("ConvertRowsKernel");
+    }));
+    job.item_base = static_cast<int>(first);
+    KVARN_RETURN_IF_ERROR(LaunchTiles(ctx, cfg, job, n));
+  }
+  KVARN_RETURN_IF_ERROR(LaunchScatter(ctx, staged, rb, n_tiles, static_cast<uint8_t*>(records),
+                                      record_stride, nullptr, 1));
+  bool failed = false;
+  DeviceErrorWords w{};
+  KVARN_RETURN_IF_ERROR(SyncAndTakeLaunchError(ctx, &failed, &w));
+  if (!failed) return Status::Ok();
+  const char* which = (w.b & 1) ? "v" : "k";
+  const int token = (w.b >> 1) - 1;
+  const std::string tile = std::to_string(w.a);
+  if (w.what == kErrNonFinite) {
+    return {KVARN_ERR_NON_FINITE, std::string(which) + " of tile " + tile + ", token " +
+                                      std::to_string(token) + " holds a NaN or Inf"};
+  }
+  if (w.what == kErrOverflow && token >= 0) {
+    return {KVARN_ERR_OVERFLOW, std::string(which) + " of tile " + tile + ", token " +
+                                    std::to_string(token) +
+                                    " exceeds the fp16 range after rotation"};
+  }
+  if (w.what == kErrOverflow) {
+    return {KVARN_ERR_OVERFLOW, "tile " + tile + ": " + which +
+                                    " absorbed scale or zero exceeds the fp16 range (|x| > "
+                                    "65504); nothing was written"};
+  }
+  return {static_cast<kvarn_status_t>(w.code ? w.code : KVARN_ERR_INTERNAL),
+          "an earlier asynchronous operation on this context failed (device error kind " +
+              std::to_string(w.what) + "); nothing was written"};
+}
+
+Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* records,
+                  size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k, void* v) {
+  if (n_tiles == 0) return Status::Ok();
+  const bool cache_frame = (flags & KVARN_CODEC_CACHE_FRAME) != 0;
+  DequantJob job{};
+  job.records = static_cast<const uint8_t*>(records);
+  job.stride = record_stride;
+  job.ro = Offsets(cfg);
+  job.G = cfg.G;
+  job.bits[0] = cfg.key_bits;
+  job.bits[1] = cfg.value_bits;
+  job.unrotate[0] = !cache_frame && cfg.k_rotate;
+  job.unrotate[1] = !cache_frame && cfg.v_rotate;
+  job.scale = RotationScale(cfg.D);
+  job.out_dtype = out_dtype;
+  job.out[0] = k;
+  job.out[1] = v;
+  job.vec[0] = Aligned16(k);
+  job.vec[1] = Aligned16(v);
+  job.rows = n_tiles * cfg.G;
+  CudaState* s = State(ctx);
+  return DispatchD(cfg.D, [&](auto d) -> Status {
+    constexpr int kD = decltype(d)::value;
+    const size_t groups =
+        (job.rows + RowLayout<kD>::kRowsPerWarp - 1) / RowLayout<kD>::kRowsPerWarp;
+    const dim3 grid(GridFor(ctx, groups, 256 / kWarpSize, 8), 2);
+    DequantizeKernel<kD><<<grid, 256, 0, s->stream>>>(job);
+    return CheckLaunch("DequantizeKernel");
+  });
+}
+
+Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
+                  const int32_t* src_pages, const int32_t* dst_blocks) {
+  for (size_t i = 0; i < n_tiles; ++i) {
+    if (src_pages[i] < 0 || src_pages[i] >= kv.num_pages) {
+      return InvalidArgument("src_pages[" + std::to_string(i) +
+                             "] = " + std::to_string(src_pages[i]) + " is outside the page pool");
+    }
+    if (dst_blocks[i] < 0 || dst_blocks[i] >= kv.num_record_blocks) {
+      return InvalidArgument("dst_blocks[" + std::to_string(i) + "] = " +
+                             std::to_string(dst_blocks[i]) + " is outside the record pool");
+    }
+  }
+  const int Hk = kv.num_kv_heads;
+  const size_t items = n_tiles * static_cast<size_t>(Hk);
+  if (items > 0x7fffffffu) return Unsupported("more than 2^31-1 records in one flush");
+  const size_t rb = cfg.record_bytes();
+  const size_t staged_bytes = AlignUp(items * rb, 256);
+  void* scratch = nullptr;
+  KVARN_RETURN_IF_ERROR(
+      EnsureScratch(ctx, staged_bytes + 2 * AlignUp(n_tiles * sizeof(int32_t), 256), &scratch));
+  uint8_t* base = static_cast<uint8_t*>(scratch);
+  int32_t* d_src = reinterpret_cast<int32_t*>(base + staged_bytes);
+  int32_t* d_dst =
+      reinterpret_cast<int32_t*>(base + staged_bytes + AlignUp(n_tiles * sizeof(int32_t), 256));
+  CudaState* s = State(ctx);
+  KVARN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_src, src_pages, n_tiles * sizeof(int32_t),
+                                             cudaMemcpyHostToDevice, s->stream));
+  KVARN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_dst, dst_blocks, n_tiles * sizeof(int32_t),
+                                             cudaMemcpyHostToDevice, s->stream));
+  if (!Aligned16(kv.k_pages) || !Aligned16(kv.v_pages)) {
+    return InvalidArgument("k_pages and v_pages must be 16-byte aligned on a CUDA context");
+  }
+  KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
+  TileJob job{};
+  job.src[0] = kv.k_pages;
+  job.src[1] = kv.v_pages;
+  job.src_pages = d_src;
+  job.hk = Hk;
+  job.item_base = 0;
+  job.normalize[0] = cfg.k_normalize;
+  job.normalize[1] = cfg.v_normalize;
+  job.bits[0] = cfg.key_bits;
+  job.bits[1] = cfg.value_bits;
+  job.iterations = cfg.iterations;
+  job.staged = base;
+  job.rb = rb;
+  job.ro = Offsets(cfg);
+  job.errors = s->errors;
+  KVARN_RETURN_IF_ERROR(LaunchTiles(ctx, cfg, job, items));
+  KVARN_RETURN_IF_ERROR(
+      LaunchScatter(ctx, base, rb, items, kv.records, kv.record_stride, d_dst, Hk));
+  bool failed = false;
+  DeviceErrorWords w{};
+  KVARN_RETURN_IF_ERROR(SyncAndTakeLaunchError(ctx, &failed, &w));
+  if (!failed) return Status::Ok();
+  if (w.what == kErrNonFinite || w.what == kErrOverflow) {
+    const size_t tile = static_cast<size_t>(w.a) / Hk;
+    const std::string who = "page " + std::to_string(tile < n_tiles ? src_pages[tile] : -1) +
+                            ", head " + std::to_string(w.a % Hk) + ": " + ((w.b & 1) ? "v " : "k ");
+    if (w.what == kErrNonFinite) {
+      return {KVARN_ERR_NON_FINITE, who + "tile holds a NaN or Inf value; nothing was written"};
+    }
+    return {KVARN_ERR_OVERFLOW,
+            who +
+                "absorbed scale or zero exceeds the fp16 range (|x| > 65504); nothing was "
+                "written"};
+  }
+  return {static_cast<kvarn_status_t>(w.code ? w.code : KVARN_ERR_INTERNAL),
+          "an earlier asynchronous operation on this context failed (device error kind " +
+              std::to_string(w.what) + "); nothing was written"};
+}
+
 }  // namespace gpu
 }  // namespace kvarn

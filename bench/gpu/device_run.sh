@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent H200: build the CUDA backend, run the GPU suites, benchmark, print a table.
-#   bench/gpu/device_run.sh [all | test,bench,sanitize (any of them)] [ctest -R regex]
+#   bench/gpu/device_run.sh [all | test,bench,sanitize,profile (any of them)] [ctest -R regex]
 # Needs googletest sources in .devdeps/googletest (carried; Debian's /usr/src/googletest).
 # Logs and CSVs go to $OUT (the device tool brings them back).
 set -uo pipefail
@@ -45,19 +45,32 @@ if [[ $mode == *sanitize* || $mode == all ]]; then
     compute-sanitizer --tool $tool --error-exitcode 9 \
       build/dev/tests/kvarn_test_cuda_attention --gtest_filter='*k4v2_g128*:*gqa7*:*Errors*' \
       >"$OUT/sanitize_${tool}_attention.log" 2>&1
-    summary+=("compute-sanitizer $tool attention rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_${tool}_attention.log" | tail -1)")
+    summary+=("compute-sanitizer $tool attention rc=$?: $(grep -E 'SUMMARY' "$OUT/sanitize_${tool}_attention.log" | tail -1)")
     if [[ -x build/dev/tests/kvarn_test_cuda_codec ]]; then
       compute-sanitizer --tool $tool --error-exitcode 9 build/dev/tests/kvarn_test_cuda_codec \
         --gtest_filter='*g128*:*Error*:*rror*' >"$OUT/sanitize_${tool}_codec.log" 2>&1
-      summary+=("compute-sanitizer $tool codec rc=$?: $(grep -E 'ERROR SUMMARY' "$OUT/sanitize_${tool}_codec.log" | tail -1)")
+      summary+=("compute-sanitizer $tool codec rc=$?: $(grep -E 'SUMMARY' "$OUT/sanitize_${tool}_codec.log" | tail -1)")
     fi
   done
 fi
 if [[ $mode == *bench* || $mode == all ]]; then
   build/dev/bench_cuda_attention --csv "$OUT/kvarn_attention.csv" | tee "$OUT/bench_attention.txt"
   python3 bench/gpu/sdpa_baseline.py --csv "$OUT/sdpa.csv" 2>"$OUT/sdpa.err" | tee "$OUT/bench_sdpa.txt"
-  [[ -x build/dev/bench/gpu/bench_cuda_codec ]] &&
-    build/dev/bench/gpu/bench_cuda_codec | tee "$OUT/bench_codec.txt"
+  [[ -x build/dev/bench/gpu/kvarn-bench-cuda-codec ]] &&
+    build/dev/bench/gpu/kvarn-bench-cuda-codec | tee "$OUT/bench_codec.txt"
+fi
+if [[ $mode == *profile* || $mode == all ]]; then
+  # What limits decode attention at B=32, 32k: one launch of the tensor-core kernel under ncu.
+  ncu --clock-control none --kernel-name regex:MmaAttention --launch-skip 3 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    --section MemoryWorkloadAnalysis build/dev/bench_cuda_attention --shape 32 32768 \
+    >"$OUT/ncu_decode.txt" 2>&1
+  summary+=("ncu rc=$?")
+  grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Issue Slot|No Eligible|Stall|Warp Cycles Per Issued|Theoretical Occupancy|L2 Hit" \
+    "$OUT/ncu_decode.txt" | head -30
+fi
+if [[ -f "$OUT/kvarn_attention.csv" && -f "$OUT/sdpa.csv" ]]; then
+  python3 bench/gpu/report.py "$OUT/kvarn_attention.csv" "$OUT/sdpa.csv" | tee "$OUT/table.md"
 fi
 echo "---- summary ($(( $(date +%s) - t0 )) s) ----"
 printf '%s\n' "${summary[@]}"

@@ -9,6 +9,7 @@
 // stored cache, (d) quantize and decode throughput. Exit status: 0 when every check passed and at
 // least one backend ran, 1 otherwise, 2 on a bad command line.
 #include <cerrno>
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <cstdlib>
@@ -219,6 +220,81 @@ void RunBackend(kvarn_context_t* context, const CommandLine& cl,
   }
 }
 
+// The CPU SIMD level against the scalar reference: quantize throughput of the same batch at both
+// levels (one thread each, through the public ISA cap) and whether the records are identical.
+// Runs last: it leaves the process-wide cap at the measured level.
+void MeasureSimd(const CommandLine& cl, Report* report) {
+  // The level a default CPU context runs (the KVARN_CPU_ISA cap included).
+  kvarn_cpu_isa_t best = KVARN_CPU_ISA_SCALAR;
+  {
+    kvarn_context_options_t options;
+    kvarn_context_options_defaults(&options);
+    options.backend = KVARN_BACKEND_CPU;
+    kvarn_context_t* context = nullptr;
+    if (kvarn_context_create(&options, &context) != KVARN_OK) return;
+    kvarn_context_get_cpu_isa(context, &best);
+    kvarn_context_destroy(context);
+  }
+  if (best == KVARN_CPU_ISA_SCALAR || best == KVARN_CPU_ISA_NONE) return;
+  kvarn_config_t config;
+  if (kvarn_config_from_preset("k4v2_g128", 128, &config) != KVARN_OK) return;
+  size_t rb = 0;
+  kvarn_record_bytes(&config, &rb);
+  const size_t n_tiles = cl.quick ? 4 : 16;
+  std::vector<float> k(n_tiles * 128 * 128), v(k.size());
+  uint64_t x = cl.seed | 1;
+  for (size_t i = 0; i < k.size(); ++i) {  // uniform-ish values from an xorshift, never zero
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    k[i] = static_cast<float>(static_cast<int64_t>(x % 2001) - 1000) / 300.f + 0.001f;
+    v[i] = static_cast<float>(static_cast<int64_t>((x >> 20) % 2001) - 1000) / 500.f + 0.001f;
+  }
+  std::vector<uint8_t> records[2];
+  double rps[2] = {0, 0};
+  const kvarn_cpu_isa_t isas[2] = {KVARN_CPU_ISA_SCALAR, best};
+  for (int i = 0; i < 2; ++i) {
+    kvarn_set_max_cpu_isa(isas[i]);
+    kvarn_context_options_t options;
+    kvarn_context_options_defaults(&options);
+    options.backend = KVARN_BACKEND_CPU;
+    options.num_threads = 1;
+    kvarn_context_t* context = nullptr;
+    const kvarn_status_t st = kvarn_context_create(&options, &context);
+    kvarn_set_max_cpu_isa(best);
+    if (st != KVARN_OK) {
+      report->errors.push_back(StatusMessage(st, "kvarn_context_create (CPU SIMD figures)"));
+      return;
+    }
+    records[i].assign(n_tiles * rb, 0);
+    using Clock = std::chrono::steady_clock;
+    int calls = 0;
+    const Clock::time_point start = Clock::now();
+    double elapsed = 0;
+    while (calls < 2 || elapsed < (cl.quick ? 0.05 : 0.2)) {
+      if (kvarn_quantize(context, &config, n_tiles, KVARN_DTYPE_F32, k.data(), v.data(), 0,
+                         records[i].data(), rb) != KVARN_OK) {
+        report->errors.push_back(std::string("CPU SIMD figures: kvarn_quantize: ") +
+                                 kvarn_last_error());
+        kvarn_context_destroy(context);
+        return;
+      }
+      ++calls;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    rps[i] = calls * static_cast<double>(n_tiles) / elapsed;
+    kvarn_context_destroy(context);
+  }
+  SimdFigures& f = report->simd;
+  f.measured = true;
+  f.isa = kvarn_cpu_isa_name(best);
+  f.scalar_records_per_s = rps[0];
+  f.quantize_records_per_s = rps[1];
+  f.records_identical = records[0] == records[1];
+  if (!f.records_identical) {
+    report->errors.push_back(std::string("CPU ISA ") + f.isa +
+                             " writes records that differ from the scalar reference's");
+  }
+}
+
 int Main(int argc, char** argv) {
   CommandLine cl;
   if (!ParseCommandLine(argc, argv, &cl)) {
@@ -308,6 +384,9 @@ int Main(int argc, char** argv) {
     }
     RunBackend(context, cl, presets, &report);
     kvarn_context_destroy(context);
+  }
+  for (const BackendReport& b : report.backends) {
+    if (b.ran && b.name == "cpu") MeasureSimd(cl, &report);
   }
   bool any_ran = false;
   for (const BackendReport& b : report.backends) any_ran = any_ran || b.ran;

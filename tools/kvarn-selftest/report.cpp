@@ -153,6 +153,16 @@ void PrintSummary(const Report& report, std::FILE* out) {
                "the same cache (worst of decode, split decode, extend). quant r/s: records "
                "quantized per second;\n"
                "attn GB/s: record + fp16 page bytes read per second by decode attention.\n");
+  if (report.simd.measured) {
+    const SimdFigures& f = report.simd;
+    std::fprintf(
+        out,
+        "\nCPU SIMD %s vs scalar reference (1 thread, k4v2_g128 D128): quantize %.0f vs "
+        "%.0f records/s (%.1fx); records byte-identical: %s\n",
+        f.isa.c_str(), f.quantize_records_per_s, f.scalar_records_per_s,
+        f.scalar_records_per_s > 0 ? f.quantize_records_per_s / f.scalar_records_per_s : 0.0,
+        f.records_identical ? "yes" : "NO");
+  }
   if (!report.errors.empty()) {
     std::fprintf(out, "\nfailures outside the table:\n");
     for (const std::string& e : report.errors) std::fprintf(out, "  ! %s\n", e.c_str());
@@ -183,6 +193,18 @@ void PrintJson(const Report& report, std::FILE* out) {
   Key(out, "  ", "mode");
   JsonString(out, report.mode);
   std::fputs(",\n", out);
+  if (report.simd.measured) {
+    Key(out, "  ", "cpu_simd");
+    std::fputs("{", out);
+    Key(out, "", "isa");
+    JsonString(out, report.simd.isa);
+    std::fprintf(out,
+                 ", \"quantize_records_per_s\": %.1f, \"scalar_quantize_records_per_s\": %.1f, ",
+                 report.simd.quantize_records_per_s, report.simd.scalar_records_per_s);
+    Key(out, "", "records_identical");
+    JsonBool(out, report.simd.records_identical);
+    std::fputs("},\n", out);
+  }
   Key(out, "  ", "seed");
   std::fprintf(out, "\"0x%016" PRIx64 "\",\n", report.seed);  // a string: JSON numbers are doubles
 

@@ -26,6 +26,15 @@ struct BackendReport {
   std::string skipped;  // why a selected backend did not run (empty if it ran)
 };
 
+// The CPU SIMD level against the scalar reference on the same batch (1 thread each).
+struct SimdFigures {
+  bool measured = false;
+  std::string isa;                    // the SIMD level (the best this machine and build have)
+  double quantize_records_per_s = 0;  // k4v2_g128, D128, fp32 input
+  double scalar_records_per_s = 0;    // the same at ISA scalar
+  bool records_identical = false;     // byte-identical records at both levels
+};
+
 struct Report {
   std::string version;
   uint32_t version_number = 0;
@@ -36,6 +45,7 @@ struct Report {
   uint64_t seed = 0;
   std::vector<BackendReport> backends;
   std::vector<RowResult> rows;
+  SimdFigures simd;
   std::vector<std::string> errors;  // failures outside any row (each counts as one failure)
 
   int Passed() const;

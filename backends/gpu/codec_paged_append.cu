@@ -1,0 +1,274 @@
+// Layer-2 append of the CUDA backend: new tokens, rotated and rounded to fp16, into the pages.
+//
+// Asynchronous and CUDA-graph capturable (no host sync, no allocation, no host->device copy): the
+// host token_indptr travels by value in the kernel parameters (chunks of kSeqsPerLaunch
+// sequences). A validate kernel checks the device tables for every position touched and every
+// row (finite, fits fp16 after rotation) and reports through the sticky error words; the write
+// kernels return at once if anything was reported, so a failed append writes nothing. The error
+// surfaces at the next kvarn_context_synchronize / kvarn_memory_copy.
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "backends/gpu/gpu_common.cuh"
+#include "backends/gpu/gpu_ops.h"
+#include "backends/gpu/hadamard_fwht.cuh"
+
+namespace kvarn {
+namespace gpu {
+namespace {
+
+constexpr int kSeqsPerLaunch = 480;  // keeps the parameters under the classic 4 KiB
+
+struct AppendChunk {
+  int32_t first_seq;  // sequence of indptr[0]
+  int32_t n_seq;
+  int32_t indptr[kSeqsPerLaunch + 1];  // token_indptr[first_seq .. first_seq + n_seq]
+};
+
+struct AppendArgs {
+  const void* src[2];  // k, v: [tokens][Hk][D] of dtype
+  kvarn_dtype_t dtype;
+  bool vec;
+  bool rotate[2];
+  float scale;
+  uint16_t* pages[2];
+  int num_pages;
+  int hk;
+  int G;
+  int sink_tiles;
+  const int32_t* block_table;
+  int max_blocks;
+  const int32_t* seq_lens;
+  const int32_t* record_tiles;
+  DeviceErrorWords* errors;
+};
+
+// The sequence (index into chunk.indptr) of chunk-local token `i` (absolute token index).
+__device__ __forceinline__ int SeqOf(const AppendChunk& ch, int32_t i) {
+  int lo = 0, hi = ch.n_seq - 1;  // largest b with indptr[b] <= i
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (ch.indptr[mid] <= i) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+// Loads row (token i, head h) of k or v, rotates it if asked, and rounds it to fp16 (x then
+// holds the fp16 values). nf: the row holds a NaN/Inf; of: a value does not fit fp16.
+template <int D>
+__device__ __forceinline__ void ConvertRow(const AppendArgs& a, int which, int32_t i, int h,
+                                           bool valid, int ld, float (&x)[RowLayout<D>::kPerLane],
+                                           uint16_t (&hbits)[RowLayout<D>::kPerLane], bool* nf,
+                                           bool* of) {
+  using L = RowLayout<D>;
+  const size_t row = static_cast<size_t>(i) * a.hk + h;
+#pragma unroll
+  for (int c = 0; c < L::kChunks; ++c) {
+    if (valid) {
+      Load8(a.dtype, which ? a.src[1] : a.src[0], row * D + L::Channel(ld, c), a.vec, &x[c * 8]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) x[c * 8 + e] = 0.f;
+    }
+  }
+  bool n = false, o = false;
+#pragma unroll
+  for (int j = 0; j < L::kPerLane; ++j) n |= !isfinite(x[j]);
+  if (which ? a.rotate[1] : a.rotate[0]) FwhtRow<D>(x, ld, a.scale);
+#pragma unroll
+  for (int j = 0; j < L::kPerLane; ++j) {
+    hbits[j] = FloatToHalfBits(x[j]);
+    o |= !HalfBitsFinite(hbits[j]);
+  }
+  *nf = RowAny<D>(n);
+  *of = RowAny<D>(o) && !*nf;
+}
+
+// Rows of a chunk: r = (token * Hk + h) * 2 + which, token relative to indptr[0].
+template <int D>
+__global__ void __launch_bounds__(256)
+    AppendValidateKernel(const AppendArgs a, const AppendChunk ch) {
+  using L = RowLayout<D>;
+  const size_t gtid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t n_threads = static_cast<size_t>(gridDim.x) * blockDim.x;
+  // Tables of the sequences (CheckPagedTables of the CPU, for the positions touched).
+  for (size_t sb = gtid; sb < static_cast<size_t>(ch.n_seq); sb += n_threads) {
+    const int b = ch.first_seq + static_cast<int>(sb);
+    const int64_t n = a.seq_lens[b];
+    const int64_t rt = a.record_tiles[b];
+    const int32_t count = ch.indptr[sb + 1] - ch.indptr[sb];
+    if (n < 0) {
+      ReportDeviceError(a.errors, KVARN_ERR_INVALID_ARGUMENT, kErrSeqLen, b,
+                        static_cast<int32_t>(n));
+      continue;
+    }
+    if (rt < 0 || (rt > 0 && a.sink_tiles + rt > n / a.G)) {
+      ReportDeviceError(a.errors, KVARN_ERR_INVALID_ARGUMENT, kErrSeqLen, b,
+                        static_cast<int32_t>(rt));
+      continue;
+    }
+    if (count <= 0) continue;
+    const int64_t last = n + count;  // exclusive
+    for (int64_t tile = n / a.G; tile <= (last - 1) / a.G; ++tile) {
+      if (tile >= a.max_blocks) {
+        ReportDeviceError(a.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b,
+                          static_cast<int32_t>(tile));
+        break;
+      }
+      const int32_t page = a.block_table[static_cast<size_t>(b) * a.max_blocks + tile];
+      if (page < 0 || page >= a.num_pages) {
+        ReportDeviceError(a.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b,
+                          static_cast<int32_t>(tile));
+        break;
+      }
+    }
+  }
+  // Rows: finite, and representable in fp16 after rotation.
+  const int lane = threadIdx.x % kWarpSize;
+  const int ld = lane % L::kLanes, lt = lane / L::kLanes;
+  const size_t warp = gtid / kWarpSize, n_warps = n_threads / kWarpSize;
+  const size_t rows = static_cast<size_t>(ch.indptr[ch.n_seq] - ch.indptr[0]) * a.hk * 2;
+  for (size_t r0 = warp * L::kRowsPerWarp; r0 < rows; r0 += n_warps * L::kRowsPerWarp) {
+    const size_t r = r0 + lt;
+    const bool valid = r < rows;
+    const int which = static_cast<int>(r & 1);
+    const int h = static_cast<int>((r >> 1) % a.hk);
+    const int32_t i = ch.indptr[0] + static_cast<int32_t>((r >> 1) / a.hk);
+    float x[L::kPerLane];
+    uint16_t hb[L::kPerLane];
+    bool nf, of;
+    ConvertRow<D>(a, which, i, h, valid, ld, x, hb, &nf, &of);
+    if (valid && ld == 0 && (nf || of)) {
+      ReportDeviceError(a.errors, nf ? KVARN_ERR_NON_FINITE : KVARN_ERR_OVERFLOW,
+                        nf ? kErrNonFinite : kErrOverflow, i, h);
+    }
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(256) AppendWriteKernel(const AppendArgs a, const AppendChunk ch) {
+  using L = RowLayout<D>;
+  if (*static_cast<const volatile int32_t*>(&a.errors->launch_flag) != 0) return;
+  const size_t gtid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t n_threads = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const int lane = threadIdx.x % kWarpSize;
+  const int ld = lane % L::kLanes, lt = lane / L::kLanes;
+  const size_t warp = gtid / kWarpSize, n_warps = n_threads / kWarpSize;
+  const size_t rows = static_cast<size_t>(ch.indptr[ch.n_seq] - ch.indptr[0]) * a.hk * 2;
+  const size_t page_elems = static_cast<size_t>(a.hk) * a.G * D;
+  for (size_t r0 = warp * L::kRowsPerWarp; r0 < rows; r0 += n_warps * L::kRowsPerWarp) {
+    const size_t r = r0 + lt;
+    const bool valid = r < rows;
+    const int which = static_cast<int>(r & 1);
+    const int h = static_cast<int>((r >> 1) % a.hk);
+    const int32_t i = ch.indptr[0] + static_cast<int32_t>((r >> 1) / a.hk);
+    float x[L::kPerLane];
+    uint16_t hb[L::kPerLane];
+    bool nf, of;
+    ConvertRow<D>(a, which, i, h, valid, ld, x, hb, &nf, &of);
+    if (!valid) continue;
+    const int sb = SeqOf(ch, i);
+    const int b = ch.first_seq + sb;
+    const int64_t pos = static_cast<int64_t>(a.seq_lens[b]) + (i - ch.indptr[sb]);
+    const int32_t page = a.block_table[static_cast<size_t>(b) * a.max_blocks + pos / a.G];
+    uint16_t* dst = (which ? a.pages[1] : a.pages[0]) + page * page_elems +
+                    (static_cast<size_t>(h) * a.G + static_cast<size_t>(pos % a.G)) * D;
+#pragma unroll
+    for (int c = 0; c < L::kChunks; ++c) Store8Halves(dst + L::Channel(ld, c), &hb[c * 8]);
+  }
+}
+
+float RotationScale(int D) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))); }
+
+}  // namespace
+
+Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int32_t* indptr,
+                   kvarn_dtype_t dtype, const void* k, const void* v) {
+  if (indptr[0] != 0) return InvalidArgument("token_indptr[0] must be 0");
+  for (int b = 0; b < kv.batch; ++b) {
+    if (indptr[b + 1] < indptr[b]) return InvalidArgument("token_indptr must not decrease");
+  }
+  const int32_t total = indptr[kv.batch];
+  if (total == 0) return Status::Ok();
+  if (!Aligned16(kv.k_pages) || !Aligned16(kv.v_pages)) {
+    return InvalidArgument("k_pages and v_pages must be 16-byte aligned on a CUDA context");
+  }
+  CudaState* s = State(ctx);
+  AppendArgs a{};
+  a.src[0] = k;
+  a.src[1] = v;
+  a.dtype = dtype;
+  a.vec = Aligned16(k) && Aligned16(v);
+  a.rotate[0] = cfg.k_rotate;
+  a.rotate[1] = cfg.v_rotate;
+  a.scale = RotationScale(cfg.D);
+  a.pages[0] = kv.k_pages;
+  a.pages[1] = kv.v_pages;
+  a.num_pages = kv.num_pages;
+  a.hk = kv.num_kv_heads;
+  a.G = cfg.G;
+  a.sink_tiles = cfg.sink_tiles;
+  a.block_table = kv.block_table;
+  a.max_blocks = kv.max_blocks_per_seq;
+  a.seq_lens = kv.seq_lens;
+  a.record_tiles = kv.record_tiles;
+  a.errors = s->errors;
+  std::vector<AppendChunk> chunks;
+  for (int first = 0; first < kv.batch; first += kSeqsPerLaunch) {
+    AppendChunk ch{};
+    ch.first_seq = first;
+    ch.n_seq = std::min(kSeqsPerLaunch, kv.batch - first);
+    for (int i = 0; i <= ch.n_seq; ++i) ch.indptr[i] = indptr[first + i];
+    chunks.push_back(ch);
+  }
+  KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
+  const int sms = s->sm_count > 0 ? s->sm_count : 1;
+  auto grid_for = [&](const AppendChunk& ch, int rows_per_warp) {
+    const size_t rows =
+        static_cast<size_t>(ch.indptr[ch.n_seq] - ch.indptr[0]) * kv.num_kv_heads * 2;
+    const size_t warps = (rows + rows_per_warp - 1) / rows_per_warp;
+    size_t blocks = (warps + 7) / 8;
+    const size_t seq_blocks = (static_cast<size_t>(ch.n_seq) + 255) / 256;
+    if (blocks < seq_blocks) blocks = seq_blocks;
+    if (blocks < 1) blocks = 1;
+    const size_t cap = static_cast<size_t>(sms) * 8;
+    return static_cast<unsigned>(blocks < cap ? blocks : cap);
+  };
+  auto launch = [&](auto d) -> Status {
+    constexpr int kD = decltype(d)::value;
+    for (const AppendChunk& ch : chunks) {
+      AppendValidateKernel<kD>
+          <<<grid_for(ch, RowLayout<kD>::kRowsPerWarp), 256, 0, s->stream>>>(a, ch);
+      KVARN_RETURN_IF_ERROR(CheckLaunch("AppendValidateKernel"));
+    }
+    for (const AppendChunk& ch : chunks) {
+      if (ch.indptr[ch.n_seq] == ch.indptr[0]) continue;
+      AppendWriteKernel<kD>
+          <<<grid_for(ch, RowLayout<kD>::kRowsPerWarp), 256, 0, s->stream>>>(a, ch);
+      KVARN_RETURN_IF_ERROR(CheckLaunch("AppendWriteKernel"));
+    }
+    return Status::Ok();
+  };
+  switch (cfg.D) {
+    case 64:
+      return launch(std::integral_constant<int, 64>{});
+    case 128:
+      return launch(std::integral_constant<int, 128>{});
+    case 256:
+      return launch(std::integral_constant<int, 256>{});
+    case 512:
+      return launch(std::integral_constant<int, 512>{});
+    default:
+      return Unsupported("head_dim " + std::to_string(cfg.D));
+  }
+}
+
+}  // namespace gpu
+}  // namespace kvarn

@@ -1,0 +1,52 @@
+# The Python binding's tests (tests/python, pytest) and examples, registered when the SWIG module
+# is built (-DKVARN_BUILD_PYTHON=ON; .ci/run passes it with the Python of its virtual
+# environment, which has numpy, pytest and ml_dtypes). One CTest test per pytest file; label
+# "python". They import the package from the build tree (bindings/python/kvarn).
+if(TARGET kvarn_python)
+  get_target_property(_kvarn_py_pkg kvarn_python LIBRARY_OUTPUT_DIRECTORY)
+  get_filename_component(_kvarn_py_path ${_kvarn_py_pkg} DIRECTORY)
+  set(_kvarn_py_env
+    "PYTHONPATH=${_kvarn_py_path}"
+    "KVARN_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
+    "PYTHONDONTWRITEBYTECODE=1")
+
+  execute_process(COMMAND ${Python3_EXECUTABLE} -c "import numpy, pytest"
+                  RESULT_VARIABLE _kvarn_py_missing OUTPUT_QUIET ERROR_QUIET)
+  if(_kvarn_py_missing)
+    message(WARNING "kvarn python tests: ${Python3_EXECUTABLE} lacks numpy or pytest; the "
+                    "python.* tests will fail (install them, e.g. in a venv as .ci/run does)")
+  endif()
+
+  file(GLOB _kvarn_py_tests CONFIGURE_DEPENDS ${CMAKE_CURRENT_SOURCE_DIR}/python/test_*.py)
+  foreach(_file IN LISTS _kvarn_py_tests)
+    get_filename_component(_stem ${_file} NAME_WE)
+    string(REGEX REPLACE "^test_" "" _name ${_stem})
+    add_test(NAME python.${_name}
+             COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider -rs ${_file}
+             WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/python)
+    # pytest exits with 5 when nothing ran (every test skipped, e.g. the GPU file without a
+    # GPU): CTest reports that as skipped, not passed or failed.
+    set_tests_properties(python.${_name} PROPERTIES
+      ENVIRONMENT "${_kvarn_py_env}" LABELS python TIMEOUT 300 SKIP_RETURN_CODE 5)
+  endforeach()
+
+  add_test(NAME example.python.codec
+           COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/examples/python/codec.py)
+  set_tests_properties(example.python.codec PROPERTIES
+    ENVIRONMENT "${_kvarn_py_env}" LABELS "example;python" TIMEOUT 120)
+
+  # Packaging: `pip wheel` of the repository (scikit-build-core, no build isolation: the build
+  # backend comes from the same environment), then the wheel alone imported and self-tested.
+  execute_process(COMMAND ${Python3_EXECUTABLE} -c "import scikit_build_core, pip"
+                  RESULT_VARIABLE _kvarn_py_no_skbuild OUTPUT_QUIET ERROR_QUIET)
+  if(NOT _kvarn_py_no_skbuild)
+    add_test(NAME python.packaging.wheel
+             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/python/check_wheel.py
+                     ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/python-wheel)
+    set_tests_properties(python.packaging.wheel PROPERTIES
+      LABELS "python;packaging" TIMEOUT 900)
+  else()
+    message(STATUS "kvarn python: scikit-build-core not in ${Python3_EXECUTABLE}; "
+                   "python.packaging.wheel not registered")
+  endif()
+endif()
