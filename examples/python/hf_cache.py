@@ -2,7 +2,8 @@
 """A transformers Cache backed by kvarn.Cache: Llama attention over the quantized KV cache.
 
     python examples/python/hf_cache.py [--model DIR] [--device cpu|cuda] [--windows N]
-                                       [--preset k4v2_g128] [--prompts N] [--new-tokens N]
+                                       [--preset k4v2_g128] [--chunk N] [--prompts N]
+                                       [--new-tokens N] [--no-generate]
 
 `KvarnCache` is a `transformers.Cache` whose layers append each step's keys (after RoPE) and
 values to a `kvarn.Cache`; the attention function registered as "kvarn" then runs
