@@ -477,7 +477,7 @@ size_t Align256(size_t x) { return (x + 255) / 256 * 256; }
 
 Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
                 size_t total_q, Plan* plan) {
-  const int G = cfg.G, group = args.num_q_heads / kv.num_kv_heads;
+  const int group = args.num_q_heads / kv.num_kv_heads;
   int max_q = 1;
   if (args.q_indptr) {
     if (args.q_indptr[0] != 0) return InvalidArgument("q_indptr[0] must be 0");
@@ -511,7 +511,6 @@ Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const Attent
   }
   if (args.q_indptr) p.indptr_bytes = Align256((kv.batch + 1) * sizeof(int32_t));
   p.workspace = p.ml_bytes + p.acc_bytes + p.indptr_bytes;
-  (void)G;
   *plan = p;
   return Status::Ok();
 }

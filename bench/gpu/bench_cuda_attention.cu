@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "kvarn/kvarn.h"
 
 #define CHECK_CUDA(x)                                                                         \
@@ -173,14 +174,7 @@ int main(int argc, char** argv) {
       std::normal_distribution<float> nd;
       std::vector<uint16_t> hp(pages * page_bytes / 2);
       for (auto& x : hp) {
-        float f = nd(rng);
-        // fp16 bits of a small normal value (exact enough for a benchmark).
-        uint32_t u;
-        std::memcpy(&u, &f, 4);
-        const uint32_t sign = (u >> 16) & 0x8000u;
-        int e = static_cast<int>((u >> 23) & 0xff) - 127 + 15;
-        x = e <= 0 ? static_cast<uint16_t>(sign)
-                   : static_cast<uint16_t>(sign | (std::min(e, 30) << 10) | ((u >> 13) & 0x3ff));
+        x = kvarn::float_to_half(nd(rng));
       }
       CHECK_KV(kvarn_memory_copy(ctx, kp, hp.data(), hp.size() * 2, KVARN_COPY_HOST_TO_DEVICE));
       CHECK_KV(kvarn_memory_copy(ctx, vp, hp.data(), hp.size() * 2, KVARN_COPY_HOST_TO_DEVICE));

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "kvarn/kvarn.h"
 
 namespace {
@@ -49,21 +50,6 @@ double MedianSeconds(int reps, F&& f) {
   return t[t.size() / 2];
 }
 
-uint16_t FloatToHalfBits(float f) {
-  // Round to nearest even for the normal range used here (|f| in [2^-14, 65504]) and zero.
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u;
-  const uint32_t abs = x & 0x7fffffffu;
-  if (abs < 0x38800000u) return static_cast<uint16_t>(sign);
-  const uint32_t mant = abs & 0x7fffffu;
-  const uint32_t exp = (abs >> 23) - 127 + 15;
-  uint32_t h = (exp << 10) | (mant >> 13);
-  const uint32_t rem = mant & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return static_cast<uint16_t>(sign | h);
-}
-
 // Deterministic pseudo-random fp16 values with channel outliers (so normalization works).
 void FillPages(std::vector<uint16_t>& pages, int D) {
   uint64_t s = 0x9e3779b97f4a7c15ull;
@@ -72,7 +58,7 @@ void FillPages(std::vector<uint16_t>& pages, int D) {
     const double u = static_cast<double>(s >> 11) * 0x1.0p-53;
     const int d = static_cast<int>(i % D);
     const double scale = (d % 37 == 0) ? 20.0 : 1.0 + 0.5 * std::sin(d);
-    pages[i] = FloatToHalfBits(static_cast<float>(scale * (2.0 * u - 1.0) + 0.1 * scale));
+    pages[i] = kvarn::float_to_half(static_cast<float>(scale * (2.0 * u - 1.0) + 0.1 * scale));
   }
 }
 
