@@ -44,3 +44,8 @@ kvarn_add_gtest(kvarn_test_api_errors
 kvarn_add_gtest(kvarn_test_attention_long
   SOURCES test_attention_long.cpp
   LABELS slow)
+
+# The accuracy study's baseline quantizers (kvarn_baseline_roundtrip).
+kvarn_add_gtest(kvarn_test_baselines
+  SOURCES test_baselines.cpp
+  LABELS codec)

@@ -96,6 +96,8 @@ static int kvarn_py_get_pointer(PyObject* obj, int writable, void** ptr, Py_buff
   if (has_view$argnum) PyBuffer_Release(&view$argnum);
 }
 %typemap(typecheck) const void*, void* "$1 = 1;";
+%apply const void* { const float* in };
+%apply void* { float* out };
 %apply const void* { const int32_t* token_indptr, const int32_t* src_pages,
                      const int32_t* dst_blocks, const int64_t* seq_ids };
 %apply void* { float* lse };

@@ -40,6 +40,7 @@
 %ignore KVARN_CPU_ISA_SENTINEL_;
 %ignore KVARN_COPY_SENTINEL_;
 %ignore KVARN_FIELD_SENTINEL_;
+%ignore KVARN_BASELINE_SENTINEL_;
 %ignore KVARN_API;
 
 /* ---- statuses become exceptions --------------------------------------------------------- */

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "capi/src/shim.h"
+#include "core/baselines.h"
 #include "core/config.h"
 #include "core/ops.h"
 
@@ -98,6 +99,11 @@ kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_config_t* 
     return kvarn::OpDequantize(context->impl.get(), c, n_tiles, records, record_stride, flags,
                                out_dtype, k_out, v_out);
   });
+}
+
+kvarn_status_t kvarn_baseline_roundtrip(kvarn_baseline_t method, int32_t bits, size_t rows,
+                                        int32_t cols, const float* in, float* out) {
+  return Guard([&] { return kvarn::BaselineRoundtrip(method, bits, rows, cols, in, out); });
 }
 
 }  // extern "C"

@@ -830,3 +830,32 @@ def dequantize(
         k_out=k_out,
         v_out=v_out,
     )
+
+
+_BASELINES = {
+    "per_token_rtn": capi.BASELINE_PER_TOKEN_RTN,
+    "fp8_e4m3": capi.BASELINE_FP8_E4M3,
+}
+
+
+def baseline_roundtrip(x: Any, method: str, bits: Optional[int] = None) -> np.ndarray:
+    """Quantizes and reconstructs x with a baseline that is not KVarN, for accuracy studies
+    (``kvarn_baseline_roundtrip``): ``"per_token_rtn"`` (min/max RTN of each row of the last axis
+    at `bits` bits, fp16 scale and zero) or ``"fp8_e4m3"`` (per-row fp16 scale; `bits` ignored).
+    x: a host array [..., cols] convertible to fp32. Returns a new fp32 array of x's shape."""
+    if method not in _BASELINES:
+        raise InvalidArgumentError(
+            f"method: expected one of {sorted(_BASELINES)}, got {method!r}"
+        )
+    if method == "per_token_rtn" and bits is None:
+        raise InvalidArgumentError("bits: per_token_rtn needs bits (2..8)")
+    xa = np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    if xa.ndim < 1 or xa.shape[-1] == 0:
+        raise ShapeError("x: expected an array of shape [..., cols] with cols > 0")
+    out = np.empty_like(xa)
+    cols = xa.shape[-1]
+    capi.baseline_roundtrip(
+        _BASELINES[method], int(bits or 0), xa.size // cols, int(cols), xa, out
+    )
+    return out
+

@@ -308,6 +308,24 @@ KVARN_API kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_
                                           uint32_t flags, kvarn_dtype_t out_dtype, void* k_out,
                                           void* v_out);
 
+/* Baseline quantizers for accuracy studies (docs/ACCURACY.md): methods the KVarN record is
+ * compared against that its ablation switches cannot express. Host memory, fp32, no context. */
+typedef enum kvarn_baseline {
+  /* Asymmetric min/max round-to-nearest of each row at `bits` (2..8) bits with an fp16 scale and
+   * zero per row: code = clamp(rint((x - z) / s), 0, 2^bits - 1), x' = code * s + z. */
+  KVARN_BASELINE_PER_TOKEN_RTN = 0,
+  /* fp8 e4m3 (OCP, max 448) with an fp16 per-row scale absmax / 448; `bits` is ignored. */
+  KVARN_BASELINE_FP8_E4M3 = 1,
+  KVARN_BASELINE_SENTINEL_ = 0x7fffffff
+} kvarn_baseline_t;
+
+/* Quantizes and reconstructs each of `rows` rows of `cols` floats (a token's channels) with
+ * `method`; `out` may equal `in`. NaN/Inf inputs give KVARN_ERR_NON_FINITE and |x| > 65504
+ * KVARN_ERR_OVERFLOW, with nothing written. */
+KVARN_API kvarn_status_t kvarn_baseline_roundtrip(kvarn_baseline_t method, int32_t bits,
+                                                  size_t rows, int32_t cols, const float* in,
+                                                  float* out);
+
 /* ---------------------------------------------------------------------------------------------
  * Layer 2: paged attention over engine-owned memory
  *
