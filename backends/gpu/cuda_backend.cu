@@ -1,5 +1,6 @@
 // The CUDA backend's table (core/backend.h): devices, contexts, memory, streams, and the
 // sticky device-error words that report what kernels find in device memory.
+#include <initializer_list>
 #include <string>
 
 #include "backends/gpu/gpu_common.cuh"
@@ -154,21 +155,128 @@ Status Synchronize(Context* ctx) {
   return TakeDeviceError(s);
 }
 
+struct NamedPointer {
+  const void* p;
+  const char* name;
+};
+
+// Memory a kernel of this context may touch: device memory of the context's device, managed
+// memory, or pinned host memory. Plain host memory or another device's memory would fault or
+// silently cross devices, so it is refused here with the argument's name (a few hundred ns per
+// pointer: one driver lookup). NULL pointers are optional arguments and checked by core/ops.
+Status CheckPointers(const CudaState* s, std::initializer_list<NamedPointer> pointers) {
+  for (const NamedPointer& np : pointers) {
+    if (np.p == nullptr) continue;
+    cudaPointerAttributes a{};
+    const cudaError_t e = cudaPointerGetAttributes(&a, np.p);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return InvalidArgument(std::string(np.name) + ": not a pointer CUDA knows (" +
+                             cudaGetErrorString(e) + ")");
+    }
+    switch (a.type) {
+      case cudaMemoryTypeDevice:
+        if (a.device != s->device) {
+          return InvalidArgument(std::string(np.name) + " is memory of CUDA device " +
+                                 std::to_string(a.device) + ", but the context is on device " +
+                                 std::to_string(s->device));
+        }
+        break;
+      case cudaMemoryTypeManaged:
+      case cudaMemoryTypeHost:
+        break;
+      default:
+        return InvalidArgument(
+            std::string(np.name) + " is host memory, but the context is on CUDA device " +
+            std::to_string(s->device) + " (use kvarn_memory_alloc / kvarn_memory_copy)");
+    }
+  }
+  return Status::Ok();
+}
+
+Status CheckPagedKV(const CudaState* s, const PagedKV& kv) {
+  return CheckPointers(s, {{kv.records, "records"},
+                           {kv.k_pages, "k_pages"},
+                           {kv.v_pages, "v_pages"},
+                           {kv.block_table, "block_table"},
+                           {kv.seq_lens, "seq_lens"},
+                           {kv.record_tiles, "record_tiles"}});
+}
+
 Status Copy(Context* ctx, void* dst, const void* src, size_t bytes, CopyKind kind) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
   const cudaMemcpyKind k = kind == CopyKind::kHostToDevice   ? cudaMemcpyHostToDevice
                            : kind == CopyKind::kDeviceToHost ? cudaMemcpyDeviceToHost
                                                              : cudaMemcpyDeviceToDevice;
-  if (bytes) KVARN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, k, s->stream));
+  if (bytes == 0) return Synchronize(ctx);
+  if (kind != CopyKind::kDeviceToHost) KVARN_RETURN_IF_ERROR(CheckPointers(s, {{dst, "dst"}}));
+  if (kind != CopyKind::kHostToDevice) KVARN_RETURN_IF_ERROR(CheckPointers(s, {{src, "src"}}));
+  KVARN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, k, s->stream));
   return Synchronize(ctx);
 }
 
-// Every operation runs with the context's device current (and the caller's restored after).
-template <auto Fn, typename... Args>
-Status OnDevice(Context* ctx, Args... args) {
+// The entry points of the table: the context's device current (the caller's restored after),
+// and every memory argument checked to be reachable from it.
+Status RotateOnDevice(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const void* in,
+                      kvarn_dtype_t out_dtype, void* out) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckPointers(s, {{in, "in"}, {out, "out"}}));
+  return Rotate(ctx, D, rows, in_dtype, in, out_dtype, out);
+}
+
+Status QuantizeOnDevice(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t dtype,
+                        const void* k, const void* v, uint32_t flags, void* records,
+                        size_t record_stride) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckPointers(s, {{k, "k"}, {v, "v"}, {records, "records"}}));
+  return Quantize(ctx, cfg, n_tiles, dtype, k, v, flags, records, record_stride);
+}
+
+Status DequantizeOnDevice(Context* ctx, const Config& cfg, size_t n_tiles, const void* records,
+                          size_t record_stride, uint32_t flags, kvarn_dtype_t out_dtype, void* k,
+                          void* v) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckPointers(s, {{records, "records"}, {k, "k_out"}, {v, "v_out"}}));
+  return Dequantize(ctx, cfg, n_tiles, records, record_stride, flags, out_dtype, k, v);
+}
+
+Status PagedAppendOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
+                           const int32_t* token_indptr, kvarn_dtype_t dtype, const void* k,
+                           const void* v) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
+  KVARN_RETURN_IF_ERROR(CheckPointers(s, {{k, "k"}, {v, "v"}}));
+  return PagedAppend(ctx, cfg, kv, token_indptr, dtype, k, v);
+}
+
+Status PagedFlushOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
+                          const int32_t* src_pages, const int32_t* dst_blocks) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
+  return PagedFlush(ctx, cfg, kv, n_tiles, src_pages, dst_blocks);
+}
+
+Status AttentionWorkspaceOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                  const AttentionArgs& args, size_t total_q, size_t* bytes) {
   DeviceGuard guard(State(ctx)->device);
-  return Fn(ctx, args...);
+  return AttentionWorkspace(ctx, cfg, kv, args, total_q, bytes);
+}
+
+Status PagedAttentionOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
+                              const AttentionArgs& args, const void* q, void* out, float* lse,
+                              void* workspace, size_t workspace_bytes) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
+  KVARN_RETURN_IF_ERROR(
+      CheckPointers(s, {{q, "q"}, {out, "out"}, {lse, "lse"}, {workspace, "workspace"}}));
+  return PagedAttention(ctx, cfg, kv, args, q, out, lse, workspace, workspace_bytes);
 }
 
 }  // namespace
@@ -185,18 +293,13 @@ const BackendOps kCudaBackend = {
     Free,
     Copy,
     Synchronize,
-    OnDevice<Rotate, int, size_t, kvarn_dtype_t, const void*, kvarn_dtype_t, void*>,
-    OnDevice<Quantize, const Config&, size_t, kvarn_dtype_t, const void*, const void*, uint32_t,
-             void*, size_t>,
-    OnDevice<Dequantize, const Config&, size_t, const void*, size_t, uint32_t, kvarn_dtype_t, void*,
-             void*>,
-    OnDevice<PagedAppend, const Config&, const PagedKV&, const int32_t*, kvarn_dtype_t, const void*,
-             const void*>,
-    OnDevice<PagedFlush, const Config&, const PagedKV&, size_t, const int32_t*, const int32_t*>,
-    OnDevice<AttentionWorkspace, const Config&, const PagedKV&, const AttentionArgs&, size_t,
-             size_t*>,
-    OnDevice<PagedAttention, const Config&, const PagedKV&, const AttentionArgs&, const void*,
-             void*, float*, void*, size_t>,
+    RotateOnDevice,
+    QuantizeOnDevice,
+    DequantizeOnDevice,
+    PagedAppendOnDevice,
+    PagedFlushOnDevice,
+    AttentionWorkspaceOnDevice,
+    PagedAttentionOnDevice,
 };
 
 }  // namespace gpu

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One call on the lent H200: build the CUDA backend, run the GPU suites, benchmark, print a table.
-#   bench/gpu/device_run.sh [all | test,bench,sanitize,profile (any of them)] [ctest -R regex]
-# Needs googletest sources in .devdeps/googletest (carried; Debian's /usr/src/googletest).
+#   bench/gpu/device_run.sh [all | test,python,bench,sanitize,profile (any of them)] [ctest -R regex]
+# Needs googletest sources in .devdeps/googletest (carried; Debian's /usr/src/googletest); the
+# python mode also needs .devdeps/swig (swig binary + its lib), .devdeps/wheels (pytest,
+# ml_dtypes) and .devdeps/austen-d128 (the model): see bench/gpu/README or the session notes.
 # Logs and CSVs go to $OUT (the device tool brings them back).
 set -uo pipefail
 mode=${1:-all}
@@ -18,8 +20,19 @@ if [[ ! -f /tmp/gt/lib/cmake/GTest/GTestConfig.cmake ]]; then
     cmake --build /tmp/gt-build -j"$J" >>"$OUT/gtest.log" 2>&1 &&
     cmake --install /tmp/gt-build >>"$OUT/gtest.log" 2>&1 || { tail -20 "$OUT/gtest.log"; exit 1; }
 fi
+py_args=()
+if [[ $mode == *python* || $mode == all ]]; then
+  # The Python binding needs SWIG (carried: .devdeps/swig) and pytest/ml_dtypes (carried wheels).
+  export SWIG_LIB=$PWD/.devdeps/swig/share
+  py_args=(-DKVARN_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)"
+           -DSWIG_EXECUTABLE="$PWD/.devdeps/swig/bin/swig")
+  python3 -m pip install -q --no-index --find-links .devdeps/wheels --target /tmp/pylib \
+    pytest ml_dtypes >"$OUT/pip.log" 2>&1 || tail -5 "$OUT/pip.log"
+  export PYTHONPATH=/tmp/pylib${PYTHONPATH:+:$PYTHONPATH}
+  python3 -c "import sys, numpy, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)"
+fi
 cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVARN_ENABLE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DKVARN_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH=/tmp/gt \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DKVARN_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH=/tmp/gt "${py_args[@]}" \
   >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build build/dev -j"$J" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
@@ -39,6 +52,24 @@ if [[ $mode == *test* || $mode == all ]]; then
   grep -E "Failure|Expected|Which is|actual|error" "$OUT/ctest_gpu.log" | head -30
   build/dev/tools/kvarn-selftest/kvarn-selftest --backend cuda >"$OUT/selftest_cuda.log" 2>&1
   summary+=("selftest cuda rc=$?: $(tail -1 "$OUT/selftest_cuda.log")")
+fi
+if [[ $mode == *python* || $mode == all ]]; then
+  ctest --test-dir build/dev -L python -j4 --timeout 300 --output-on-failure >"$OUT/ctest_python.log" 2>&1
+  rc=$?
+  grep -E "tests passed|Failed|\*\*\*|Skipped" "$OUT/ctest_python.log" | tail -15
+  summary+=("python ctest rc=$rc: $(grep 'tests passed' "$OUT/ctest_python.log")")
+  pypath=$(dirname "$(find build/dev -name '_capi*.so' | head -1)")/..
+  export PYTHONPATH=$pypath:$PYTHONPATH
+  python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_gpu.py >"$OUT/pytest_gpu.log" 2>&1
+  summary+=("pytest test_gpu.py rc=$?: $(tail -1 "$OUT/pytest_gpu.log")")
+  timeout 150 python3 examples/multigpu/tp_attention.py --model .devdeps/austen-d128 \
+    --windows 4 --new-tokens 96 2>&1 | grep -v Warning | tee "$OUT/tp_attention.txt" | tail -4
+  summary+=("tp_attention rc=${PIPESTATUS[0]}: $(tail -1 "$OUT/tp_attention.txt")")
+  timeout ${HF_TIMEOUT:-240} python3 examples/python/hf_cache.py --device cuda \
+    --model .devdeps/austen-d128 ${HF_ARGS:-} 2>&1 | grep -v Warning | tee "$OUT/hf_cache_cuda.txt" | tail -14
+  summary+=("hf_cache cuda rc=${PIPESTATUS[0]}")
+  # Decode latency with the pointer checks in place (compare bench/RESULTS.md run 5).
+  for shape in "1 32768" "32 32768"; do build/dev/bench_cuda_attention --shape $shape 2>&1 | tail -3; done
 fi
 if [[ $mode == *sanitize* || $mode == all ]]; then
   for tool in memcheck racecheck; do
