@@ -258,7 +258,9 @@ Status PagedFlushOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv, si
                           const int32_t* src_pages, const int32_t* dst_blocks) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
-  KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
+  // A flush reads pages and writes records; the tables are not used.
+  KVARN_RETURN_IF_ERROR(CheckPointers(
+      s, {{kv.records, "records"}, {kv.k_pages, "k_pages"}, {kv.v_pages, "v_pages"}}));
   return PagedFlush(ctx, cfg, kv, n_tiles, src_pages, dst_blocks);
 }
 
