@@ -58,7 +58,7 @@ if [[ $mode == *python* || $mode == all ]]; then
   rc=$?
   grep -E "tests passed|Failed|\*\*\*|Skipped" "$OUT/ctest_python.log" | tail -15
   summary+=("python ctest rc=$rc: $(grep 'tests passed' "$OUT/ctest_python.log")")
-  pypath=$(dirname "$(find build/dev -name '_capi*.so' | head -1)")/..
+  pypath=build/dev/bindings/python
   export PYTHONPATH=$pypath:$PYTHONPATH
   python3 -m pytest -q -p no:cacheprovider -rs tests/python/test_gpu.py >"$OUT/pytest_gpu.log" 2>&1
   summary+=("pytest test_gpu.py rc=$?: $(tail -1 "$OUT/pytest_gpu.log")")

@@ -427,7 +427,8 @@ def main() -> int:
     print("| KV cache | bits per byte | greedy output vs fp cache |")
     print("|---|---|---|")
     fp_cells = " / ".join(f"{base[c][0]:.4f}" for c in base)
-    print(f"| fp32 `DynamicCache` | {fp_cells} | - |")
+    fp_name = str(dtype).replace("torch.", "")
+    print(f"| {fp_name} `DynamicCache` | {fp_cells} | - |")
     for p, bpb, fp_bpb, gens in rows:
         cell = f"{bpb:.4f} ({bpb - fp_bpb:+.4f}, {(bpb / fp_bpb - 1):+.2%})"
         if gens is None:
