@@ -534,6 +534,19 @@ namespace {
 // The tensor-core kernel covers the design point (D128, G 64/128, k4v2) on sm_80+ when every
 // pointer it reads with 16-byte loads is 16-byte aligned; KVARN_CUDA_ATTENTION=generic forces
 // the general kernel (tests compare the two).
+// The tensor-core kernel's register budget (attention_mma.cuh): a grid larger than 3 CTAs per SM
+// would need a second wave at 168 registers, so it runs the 128-register build (4 per SM). The
+// H200 sweep (bench/RESULTS.md): B32 decode 32k 0.80 -> 0.72 ms; B1/B8 (2-2.5 CTAs per SM) are
+// 7-10% slower with 128 registers, so they keep 168. KVARN_CUDA_MMA_BLOCKS=3|4 forces one.
+bool MmaFourPerSm(const CudaState* st, int64_t ctas) {
+  static const int forced = [] {
+    const char* e = std::getenv("KVARN_CUDA_MMA_BLOCKS");
+    return e == nullptr ? 0 : std::atoi(e);
+  }();
+  if (forced == 3 || forced == 4) return forced == 4;
+  return ctas > 3 * static_cast<int64_t>(st->sm_count);
+}
+
 bool UseMmaKernel(const CudaState* st, const Config& cfg, const PagedKV& kv) {
   static const bool forced_generic = [] {
     const char* e = std::getenv("KVARN_CUDA_ATTENTION");
@@ -629,10 +642,20 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   // Every work item of a valid row writes its split's partial, an empty split as m = -inf.
   if (UseMmaKernel(st, cfg, kv)) {
     const size_t smem = sizeof(mma::MmaSmem);
+    const unsigned threads = mma::kWarps * kWarpSize;
+    const bool four = MmaFourPerSm(st, static_cast<int64_t>(grid.x) * grid.y * grid.z);
     if (cfg.G == 128) {
-      mma::MmaAttentionKernel<8><<<grid, mma::kWarps * kWarpSize, smem, st->stream>>>(P);
+      if (four) {
+        mma::MmaAttentionKernel<8, 4><<<grid, threads, smem, st->stream>>>(P);
+      } else {
+        mma::MmaAttentionKernel<8, 3><<<grid, threads, smem, st->stream>>>(P);
+      }
     } else {
-      mma::MmaAttentionKernel<4><<<grid, mma::kWarps * kWarpSize, smem, st->stream>>>(P);
+      if (four) {
+        mma::MmaAttentionKernel<4, 4><<<grid, threads, smem, st->stream>>>(P);
+      } else {
+        mma::MmaAttentionKernel<4, 3><<<grid, threads, smem, st->stream>>>(P);
+      }
     }
     KVARN_RETURN_IF_ERROR(CheckLaunch("MmaAttentionKernel"));
   } else {

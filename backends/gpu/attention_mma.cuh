@@ -395,14 +395,11 @@ struct MmaSmem {
   int limit[kRows], qrow[kRows];
 };
 
-// CTAs per SM the register allocation is sized for (168 registers at 3, 128 at 4); a build
-// option so the occupancy/spill trade-off can be measured (bench/gpu/occupancy_sweep.sh).
-#ifndef KVARN_MMA_MIN_BLOCKS
-#define KVARN_MMA_MIN_BLOCKS 3
-#endif
-
-template <int TM>
-__global__ void __launch_bounds__(kWarps * 32, KVARN_MMA_MIN_BLOCKS) MmaAttentionKernel(AttnParams P) {
+// kMinBlocks: CTAs per SM the register allocation is sized for. 3 gives 168 registers and a
+// few spills; 4 gives 128 registers and more spills (slower per CTA) but a grid of up to 4 CTAs
+// per SM runs in one wave. The launch picks by grid size (attention_kernels.cu).
+template <int TM, int kMinBlocks>
+__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) MmaAttentionKernel(AttnParams P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(16) unsigned char smem_raw[];
   MmaSmem& S = *reinterpret_cast<MmaSmem*>(smem_raw);
