@@ -118,3 +118,12 @@ def test_cupy_arrays(gpu, rng):
     y = ctx.rotate(cupy.asarray(x))
     assert isinstance(y, cupy.ndarray)
     np.testing.assert_allclose(cupy.asnumpy(y), kvarn.rotate(x), rtol=1e-5, atol=1e-5)
+
+
+def test_selftest_on_the_cuda_context(gpu):
+    """kvarn.selftest on a CUDA context: codec, paged attention and the managed cache (device
+    arrays in and out) against the float64 references."""
+    ctx, _ = gpu
+    report = kvarn.selftest(ctx, raise_on_failure=False)
+    assert report, str(report)
+    assert all("cache_rel_l2" in row for row in report.rows), "the cache checks did not run"
