@@ -117,21 +117,11 @@ def tp_attention(module, query, key, value, attention_mask, scaling=None, dropou
     owner: Optional[ShardedKvarnCache] = getattr(_current, "cache", None)
     if owner is None:
         raise RuntimeError("the 'kvarn_tp' attention needs a ShardedKvarnCache")
-    n = query.shape[2]
     hq = owner.q_heads_per_shard
     outs = []
     for i, shard in enumerate(owner.shards):
         q = query[0, i * hq : (i + 1) * hq].transpose(0, 1).contiguous().to(owner.devices[i])
-        out = torch.empty_like(q)
-        shard.cache.attention(
-            module.layer_idx,
-            [shard.seq_id],
-            q,
-            out=out,
-            q_indptr=None if n == 1 else [0, n],
-            scale=float(scaling or 0.0),
-        )
-        outs.append(out.to(query.device))
+        outs.append(H.attend(shard, module.layer_idx, q, scaling).to(query.device))
     return torch.cat(outs, dim=1).unsqueeze(0), None  # [1, n, Hq, D]
 
 

@@ -233,6 +233,21 @@ class KvarnCache(Cache):
         return 1
 
 
+def attend(owner: "KvarnCache", layer_idx: int, q: torch.Tensor, scaling: Optional[float]):
+    """Causal attention of q [n, Hq, D] (the last n tokens of the sequence) over the cache."""
+    n = q.shape[0]
+    out = torch.empty_like(q)
+    owner.cache.attention(
+        layer_idx,
+        [owner.seq_id],
+        q,
+        out=out,
+        q_indptr=None if n == 1 else [0, n],
+        scale=float(scaling or 0.0),
+    )
+    return out
+
+
 def kvarn_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
@@ -247,18 +262,8 @@ def kvarn_attention(
     owner: KvarnCache = getattr(_current, "cache", None)
     if owner is None:
         raise RuntimeError("the 'kvarn' attention needs a KvarnCache (past_key_values)")
-    n = query.shape[2]
     q = query[0].transpose(0, 1).contiguous()  # [n, Hq, D]
-    out = torch.empty_like(q)
-    owner.cache.attention(
-        module.layer_idx,
-        [owner.seq_id],
-        q,
-        out=out,
-        q_indptr=None if n == 1 else [0, n],
-        scale=float(scaling or 0.0),
-    )
-    return out.unsqueeze(0), None  # [1, n, Hq, D], no weights
+    return attend(owner, module.layer_idx, q, scaling).unsqueeze(0), None  # [1, n, Hq, D]
 
 
 AttentionInterface.register("kvarn", kvarn_attention)
