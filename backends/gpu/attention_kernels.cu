@@ -176,58 +176,91 @@ __device__ __forceinline__ int Code(const uint8_t* row, int idx, int bits) {
   return (row[idx / per] >> ((idx % per) * bits)) & ((1 << bits) - 1);
 }
 
+// The CTA's work item (split, KV head, sequence, chunk of kRows query rows) and its sequence's
+// lengths, read from device memory. False when there is nothing to do: the chunk lies past the
+// sequence's rows, or the lengths are inconsistent (then reported once per sequence).
+struct WorkItem {
+  int split, h, b, chunk;
+  int N;       // cached tokens
+  int rt;      // record tiles
+  int q0, nq;  // first query token, query tokens
+  int row0;    // first row (query token x head of the group) of the chunk
+  int nrows;   // valid rows of the chunk (<= kRows)
+  int tiles;   // tiles of the sequence
+};
+
+__device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, WorkItem* w) {
+  w->split = blockIdx.x;
+  w->h = blockIdx.y;
+  w->b = blockIdx.z / P.chunks_per_seq;
+  w->chunk = blockIdx.z % P.chunks_per_seq;
+  const int b = w->b;
+  w->N = P.seq_lens[b];
+  w->rt = P.record_tiles[b];
+  w->q0 = P.q_indptr ? P.q_indptr[b] : b;
+  w->nq = P.q_indptr ? P.q_indptr[b + 1] - w->q0 : 1;
+  const int rows_b = w->nq * P.group;
+  w->row0 = w->chunk * kRows;
+  if (w->row0 >= rows_b) return false;  // this sequence has fewer query rows
+  w->tiles = (w->N + G - 1) / G;
+  const bool reporter = threadIdx.x == 0 && w->split == 0 && w->h == 0 && w->chunk == 0;
+  if (w->N < 0 || w->tiles > P.max_blocks || w->rt < 0 ||
+      (w->rt > 0 && P.sink_tiles + w->rt > w->N / G)) {
+    if (reporter) ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrSeqLen, b, w->N);
+    return false;
+  }
+  if (w->nq > w->N) {
+    if (reporter) ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrQueryLen, b, w->nq);
+    return false;
+  }
+  w->nrows = min(kRows, rows_b - w->row0);
+  return true;
+}
+
+// Row r < kRows of the chunk: its global output row (token * Hq + head; -1 for padding rows)
+// and the keys it may see (causal, aligned to the sequence end; 0 for padding rows).
+__device__ __forceinline__ void SetRow(const AttnParams& P, const WorkItem& w, int r, int* qrow,
+                                       int* limit) {
+  if (r < w.nrows) {
+    const int row = w.row0 + r, i = row / P.group, g = row % P.group;
+    qrow[r] = (w.q0 + i) * P.Hq + w.h * P.group + g;
+    limit[r] = w.N - w.nq + i + 1;
+  } else {
+    qrow[r] = -1;
+    limit[r] = 0;
+  }
+}
+
+// q[kRows][D] <- the rows' queries (0 for padding rows), rotated when K is, times `scale`.
+// Call with the whole CTA after qrow is set and visible.
+__device__ __forceinline__ void LoadQueries(const AttnParams& P, const int* qrow, int D,
+                                            float scale, float* q) {
+  for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) {
+    const int r = idx / D, d = idx % D;
+    q[idx] = qrow[r] >= 0 ? LoadElem(P.q, static_cast<size_t>(qrow[r]) * D + d, P.q_dtype) : 0.f;
+  }
+  if (P.k_rotate) BlockFwht(q, kRows, D, P.log2D);
+  for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) q[idx] *= scale;
+}
+
 __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int D = P.D, G = P.G;
   Smem S = CarveSmem(smem_raw, D, G);
-  const int split = blockIdx.x, h = blockIdx.y;
-  const int b = blockIdx.z / P.chunks_per_seq, chunk = blockIdx.z % P.chunks_per_seq;
   const int tid = threadIdx.x;
-
-  const int N = P.seq_lens[b];
-  const int rt = P.record_tiles[b];
-  const int q0 = P.q_indptr ? P.q_indptr[b] : b;
-  const int nq = P.q_indptr ? P.q_indptr[b + 1] - q0 : 1;
-  const int rows_b = nq * P.group;
-  const int row0 = chunk * kRows;
-  if (row0 >= rows_b) return;  // this sequence has fewer query rows
-  const int tiles = (N + G - 1) / G;
-  if (N < 0 || tiles > P.max_blocks || rt < 0 || (rt > 0 && P.sink_tiles + rt > N / G)) {
-    if (tid == 0 && split == 0 && h == 0 && chunk == 0) {
-      ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrSeqLen, b, N);
-    }
-    return;
-  }
-  if (nq > N) {
-    if (tid == 0 && split == 0 && h == 0 && chunk == 0) {
-      ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrQueryLen, b, nq);
-    }
-    return;
-  }
-  const int nrows = min(kRows, rows_b - row0);
+  WorkItem w;
+  if (!ReadWorkItem(P, G, &w)) return;
+  const int split = w.split, h = w.h, b = w.b, N = w.N, rt = w.rt, tiles = w.tiles;
 
   // Rows: (query token i, head g) of this KV head; load, rotate and scale the queries.
   if (tid < kRows) {
-    if (tid < nrows) {
-      const int r = row0 + tid, i = r / P.group, g = r % P.group;
-      S.qrow[tid] = (q0 + i) * P.Hq + h * P.group + g;
-      S.limit[tid] = N - nq + i + 1;
-    } else {
-      S.qrow[tid] = -1;
-      S.limit[tid] = 0;
-    }
+    SetRow(P, w, tid, S.qrow, S.limit);
     S.m[tid] = -INFINITY;
     S.l[tid] = 0.f;
   }
+  for (int idx = tid; idx < kRows * D; idx += kThreads) S.acc[idx] = 0.f;
   __syncthreads();
-  for (int idx = tid; idx < kRows * D; idx += kThreads) {
-    const int r = idx / D, d = idx % D;
-    S.q[idx] =
-        S.qrow[r] >= 0 ? LoadElem(P.q, static_cast<size_t>(S.qrow[r]) * D + d, P.q_dtype) : 0.f;
-    S.acc[idx] = 0.f;
-  }
-  if (P.k_rotate) BlockFwht(S.q, kRows, D, P.log2D);
-  for (int idx = tid; idx < kRows * D; idx += kThreads) S.q[idx] *= P.scale;
+  LoadQueries(P, S.qrow, D, P.scale, S.q);
   __syncthreads();
 
   const int t_begin = split * P.tiles_per_split;

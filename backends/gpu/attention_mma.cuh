@@ -404,51 +404,15 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) MmaAttentionKernel(At
   extern __shared__ __align__(16) unsigned char smem_raw[];
   MmaSmem& S = *reinterpret_cast<MmaSmem*>(smem_raw);
   constexpr int G = 16 * TM;
-  const int split = blockIdx.x, h = blockIdx.y;
-  const int b = blockIdx.z / P.chunks_per_seq, chunk = blockIdx.z % P.chunks_per_seq;
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int g = lane >> 2, c = lane & 3;
-
-  const int N = P.seq_lens[b];
-  const int rt = P.record_tiles[b];
-  const int q0 = P.q_indptr ? P.q_indptr[b] : b;
-  const int nq = P.q_indptr ? P.q_indptr[b + 1] - q0 : 1;
-  const int rows_b = nq * P.group;
-  const int row0 = chunk * kRows;
-  if (row0 >= rows_b) return;
-  const int tiles = (N + G - 1) / G;
-  if (N < 0 || tiles > P.max_blocks || rt < 0 || (rt > 0 && P.sink_tiles + rt > N / G)) {
-    if (tid == 0 && split == 0 && h == 0 && chunk == 0) {
-      ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrSeqLen, b, N);
-    }
-    return;
-  }
-  if (nq > N) {
-    if (tid == 0 && split == 0 && h == 0 && chunk == 0) {
-      ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrQueryLen, b, nq);
-    }
-    return;
-  }
-  const int nrows = min(kRows, rows_b - row0);
-  if (tid < kRows) {
-    if (tid < nrows) {
-      const int r = row0 + tid, i = r / P.group, gg = r % P.group;
-      S.qrow[tid] = (q0 + i) * P.Hq + h * P.group + gg;
-      S.limit[tid] = N - nq + i + 1;
-    } else {
-      S.qrow[tid] = -1;
-      S.limit[tid] = 0;
-    }
-  }
+  WorkItem w;
+  if (!ReadWorkItem(P, G, &w)) return;
+  const int split = w.split, h = w.h, b = w.b, N = w.N, rt = w.rt, tiles = w.tiles;
+  if (tid < kRows) SetRow(P, w, tid, S.qrow, S.limit);
   __syncthreads();
-  for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
-    const int r = idx / kD, d = idx % kD;
-    S.q[idx] =
-        S.qrow[r] >= 0 ? LoadElem(P.q, static_cast<size_t>(S.qrow[r]) * kD + d, P.q_dtype) : 0.f;
-  }
-  if (P.k_rotate) BlockFwht(S.q, kRows, kD, P.log2D);
-  const float qscale = P.scale * 1.4426950408889634f;  // scores in the log2 domain
-  for (int idx = tid; idx < kRows * kD; idx += blockDim.x) S.q[idx] *= qscale;
+  // Scores in the log2 domain.
+  LoadQueries(P, S.qrow, kD, P.scale * 1.4426950408889634f, S.q);
   __syncthreads();
 
   WarpState W;
