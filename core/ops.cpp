@@ -184,6 +184,17 @@ Status OpPagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n
   if (kv.num_pages == 0 || kv.num_record_blocks == 0) {
     return InvalidArgument("flush needs both a page pool and a record pool");
   }
+  // The id lists are host memory on every backend: checked here, once.
+  for (size_t i = 0; i < n_tiles; ++i) {
+    if (src_pages[i] < 0 || src_pages[i] >= kv.num_pages) {
+      return InvalidArgument("src_pages[" + std::to_string(i) +
+                             "] = " + std::to_string(src_pages[i]) + " is outside the page pool");
+    }
+    if (dst_blocks[i] < 0 || dst_blocks[i] >= kv.num_record_blocks) {
+      return InvalidArgument("dst_blocks[" + std::to_string(i) + "] = " +
+                             std::to_string(dst_blocks[i]) + " is outside the record pool");
+    }
+  }
   return ctx->ops->paged_flush(ctx, cfg, kv, n_tiles, src_pages, dst_blocks);
 }
 

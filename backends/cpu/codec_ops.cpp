@@ -238,16 +238,6 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
 Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
                   const int32_t* src_pages, const int32_t* dst_blocks) {
   const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads;
-  for (size_t i = 0; i < n_tiles; ++i) {
-    if (src_pages[i] < 0 || src_pages[i] >= kv.num_pages) {
-      return InvalidArgument("src_pages[" + std::to_string(i) +
-                             "] = " + std::to_string(src_pages[i]) + " is outside the page pool");
-    }
-    if (dst_blocks[i] < 0 || dst_blocks[i] >= kv.num_record_blocks) {
-      return InvalidArgument("dst_blocks[" + std::to_string(i) + "] = " +
-                             std::to_string(dst_blocks[i]) + " is outside the record pool");
-    }
-  }
   const size_t rb = cfg.record_bytes();
   const size_t page_elems = static_cast<size_t>(Hk) * G * D;
   const Kernels& K = KernelsFor(ctx->isa);

@@ -519,16 +519,6 @@ Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* r
 
 Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
                   const int32_t* src_pages, const int32_t* dst_blocks) {
-  for (size_t i = 0; i < n_tiles; ++i) {
-    if (src_pages[i] < 0 || src_pages[i] >= kv.num_pages) {
-      return InvalidArgument("src_pages[" + std::to_string(i) +
-                             "] = " + std::to_string(src_pages[i]) + " is outside the page pool");
-    }
-    if (dst_blocks[i] < 0 || dst_blocks[i] >= kv.num_record_blocks) {
-      return InvalidArgument("dst_blocks[" + std::to_string(i) + "] = " +
-                             std::to_string(dst_blocks[i]) + " is outside the record pool");
-    }
-  }
   const int Hk = kv.num_kv_heads;
   const size_t items = n_tiles * static_cast<size_t>(Hk);
   if (items > 0x7fffffffu) return Unsupported("more than 2^31-1 records in one flush");
