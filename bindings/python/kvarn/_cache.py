@@ -8,7 +8,7 @@ import numpy as np
 
 from . import _arrays as A
 from . import capi
-from ._core import Config, Context, _config, default_context
+from ._core import Config, Context, _Closable, _config, default_context
 from ._errors import InvalidArgumentError
 
 
@@ -26,7 +26,7 @@ class CacheStats(NamedTuple):
     compression_ratio: float
 
 
-class Cache:
+class Cache(_Closable):
     """A quantized KV cache that owns its pools on the context's device.
 
     Sequences are named by caller-chosen int ids. ``append`` adds K/V tokens to one layer
@@ -78,18 +78,6 @@ class Cache:
         handle, self._handle = self._handle, None
         if handle is not None:
             capi.cache_destroy(handle)
-
-    def __enter__(self) -> "Cache":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the module may be gone already
-            pass
 
     def _h(self) -> Any:
         if self._handle is None:

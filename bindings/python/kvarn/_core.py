@@ -266,7 +266,27 @@ def _config(config: Optional[Config]) -> Config:
 # ---- contexts -----------------------------------------------------------------------------------
 
 
-class Context:
+class _Closable:
+    """`with` support and closing on garbage collection for the handle-owning classes; each
+    defines close()."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the module may be gone already
+            pass
+
+
+class Context(_Closable):
     """A backend, device, stream and CPU thread count (``kvarn_context_t``).
 
     ``Context()`` picks a GPU when one is present, else the CPU; ``Context("cpu")`` or
@@ -330,18 +350,6 @@ class Context:
                 dependent._release()
             handle, self._handle = self._handle, None
             capi.context_destroy(handle)
-
-    def __enter__(self) -> "Context":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the module may be gone already
-            pass
 
     def __repr__(self) -> str:
         state = "" if self._handle is not None else ", closed"
