@@ -146,14 +146,5 @@ def check(n_windows_2048: int = 64, n_windows_1024: int = 64) -> int:
     return 0 if ok else 1
 
 
-def _threads_arg(argv) -> str:
-    """--threads N|auto (default auto, see llama_np.set_blas_threads)."""
-    return argv[argv.index("--threads") + 1] if "--threads" in argv else "auto"
-
-
 if __name__ == "__main__":
-    if "--check" in sys.argv[1:]:
-        n = llama_np.set_blas_threads(_threads_arg(sys.argv))
-        print(f"BLAS threads: {n or 'default (threadpoolctl missing)'}")
-        sys.exit(check())
-    print(__doc__)
+    sys.exit(llama_np.check_main(sys.argv, check, __doc__))

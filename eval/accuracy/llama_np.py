@@ -579,6 +579,18 @@ def self_check(model: LlamaModel, tokens: Sequence[int], tile_tokens: int = 128,
     return ok
 
 
+def check_main(argv, check, doc) -> int:
+    """The `python -m <module> --check [--threads N|auto]` entry of the model modules: sets the
+    BLAS threads (default auto, see set_blas_threads) and runs `check`; else prints `doc`."""
+    if "--check" not in argv[1:]:
+        print(doc)
+        return 0
+    threads = argv[argv.index("--threads") + 1] if "--threads" in argv else "auto"
+    n = set_blas_threads(threads)
+    print(f"BLAS threads: {n or 'default (threadpoolctl missing)'}")
+    return check()
+
+
 def _main(argv):
     if "--check" not in argv:
         print(__doc__)

@@ -306,14 +306,5 @@ def math_exp_mean(res: dict, n: int) -> float:
     return float(np.exp(-res["target_logprob"][:n].mean()))
 
 
-def _threads_arg(argv) -> str:
-    """--threads N|auto (default auto, see llama_np.set_blas_threads)."""
-    return argv[argv.index("--threads") + 1] if "--threads" in argv else "auto"
-
-
 if __name__ == "__main__":
-    if "--check" in sys.argv[1:]:
-        n = llama_np.set_blas_threads(_threads_arg(sys.argv))
-        print(f"BLAS threads: {n or 'default (threadpoolctl missing)'}")
-        sys.exit(check())
-    print(__doc__)
+    sys.exit(llama_np.check_main(sys.argv, check, __doc__))
