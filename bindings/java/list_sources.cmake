@@ -1,0 +1,17 @@
+# cmake -DDIR=<dir> -DOUT=<file> -P list_sources.cmake: writes the .java files under DIR, one per
+# line, as a javac argument file (add_jar's @file), rewriting OUT only when the list changed.
+file(GLOB _sources "${DIR}/*.java")
+list(SORT _sources)
+set(_text "")
+foreach(_f IN LISTS _sources)
+  string(APPEND _text "\"${_f}\"\n")
+endforeach()
+set(_old "")
+if(EXISTS "${OUT}")
+  file(READ "${OUT}" _old)
+endif()
+if(NOT _old STREQUAL _text)
+  file(WRITE "${OUT}" "${_text}")
+else()
+  file(TOUCH_NOCREATE "${OUT}")
+endif()
