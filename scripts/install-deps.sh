@@ -27,7 +27,13 @@ packages=(
   python3-venv
   python3-dev
   swig
+  bindgen
 )
+# Rust bindings (KVARN_BUILD_RUST): Debian's cargo and rustc only when no cargo is on PATH
+# already (a rustup toolchain is kept); bindgen above regenerates kvarn-sys for its check.
+if ! command -v cargo >/dev/null 2>&1; then
+  packages+=(cargo rustc)
+fi
 packages+=("$@")
 
 if ! command -v dpkg-query >/dev/null 2>&1; then
