@@ -14,6 +14,8 @@
 // Block tables, seq_lens and record_tiles are read on the device; bad entries are reported
 // through the context's sticky error words (gpu_common.cuh) and the bad tiles skipped.
 #include <algorithm>
+#include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -508,6 +510,44 @@ struct Plan {
 
 size_t Align256(size_t x) { return (x + 255) / 256 * 256; }
 
+// Whether the tensor-core kernel takes this shape (alignment aside: a misaligned pool falls back
+// to the general kernel with the same plan, so the workspace size never depends on pointers).
+bool MmaShape(const CudaState* st, const Config& cfg) {
+  return st->cc_major >= 8 && cfg.D == 128 && (cfg.G == 64 || cfg.G == 128) &&
+         cfg.key_bits == 4 && cfg.value_bits == 2;
+}
+
+int MmaCtasPerSm(CudaState* st, int G);
+
+// Splits per (sequence, KV head, row chunk) work item. The tensor-core kernel's CTAs take a
+// fixed time per tile, so the count is chosen to fill whole waves of resident CTAs: the cost of
+// s splits is (waves of CTAs) x (CTA iterations per split + ~2 of ring fill and setup), plus one
+// for the merge pass when s > 1. The general kernel keeps its rule: enough work items to fill
+// the device twice over, at least 4 tiles per split.
+int ChooseSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles) {
+  const int cap = std::min(64, max_tiles);
+  if (!MmaShape(st, cfg)) {
+    const int64_t want = (2 * static_cast<int64_t>(st->sm_count) + items - 1) / std::max<int64_t>(items, 1);
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, (max_tiles + 3) / 4, cap})));
+  }
+  const int64_t resident = static_cast<int64_t>(MmaCtasPerSm(st, cfg.G)) * st->sm_count;
+  const int per_iteration = cfg.G == 128 ? 2 : 4;  // records a CTA consumes at once
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int s = 1; s <= cap; ++s) {
+    const int per_split = (max_tiles + s - 1) / s;
+    const int splits = (max_tiles + per_split - 1) / per_split;
+    if (splits != s) continue;  // the same as a smaller count
+    const int64_t waves = (items * s + resident - 1) / resident;
+    const int64_t cost = waves * ((per_split + per_iteration - 1) / per_iteration + 2) + (s > 1);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = s;
+    }
+  }
+  return best;
+}
+
 Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
                 size_t total_q, Plan* plan) {
   const int group = args.num_q_heads / kv.num_kv_heads;
@@ -525,16 +565,8 @@ Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const Attent
   p.chunks_per_seq = std::max(1, (max_q * group + kRows - 1) / kRows);
   const int max_tiles = std::max(1, kv.max_blocks_per_seq);
   const int64_t items = static_cast<int64_t>(kv.batch) * kv.num_kv_heads * p.chunks_per_seq;
-  int splits;
-  if (args.num_splits > 0) {
-    splits = std::min({args.num_splits, max_tiles, 64});
-  } else {
-    // Enough work items to fill the device twice over, at least 4 tiles per split.
-    const int sms = State(ctx)->sm_count;
-    const int64_t want = (2 * static_cast<int64_t>(sms) + items - 1) / std::max<int64_t>(items, 1);
-    splits = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(want, (max_tiles + 3) / 4)));
-    splits = std::min(splits, 64);
-  }
+  const int splits = args.num_splits > 0 ? std::min({args.num_splits, max_tiles, 64})
+                                         : ChooseSplits(State(ctx), cfg, items, max_tiles);
   p.tiles_per_split = (max_tiles + splits - 1) / splits;
   p.splits = (max_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
   p.rows_total = total_q * static_cast<size_t>(args.num_q_heads);
@@ -565,31 +597,83 @@ namespace gpu {
 namespace {
 
 // The tensor-core kernel covers the design point (D128, G 64/128, k4v2) on sm_80+ when every
-// pointer it reads with 16-byte loads is 16-byte aligned; KVARN_CUDA_ATTENTION=generic forces
-// the general kernel (tests compare the two).
-// The tensor-core kernel's register budget (attention_mma.cuh): a grid larger than 3 CTAs per SM
-// would need a second wave at 168 registers, so it runs the 128-register build (4 per SM). The
-// H200 sweep (bench/RESULTS.md): B32 decode 32k 0.80 -> 0.72 ms; B1/B8 (2-2.5 CTAs per SM) are
-// 7-10% slower with 128 registers, so they keep 168. KVARN_CUDA_MMA_BLOCKS=3|4 forces one.
-bool MmaFourPerSm(const CudaState* st, int64_t ctas) {
-  static const int forced = [] {
-    const char* e = std::getenv("KVARN_CUDA_MMA_BLOCKS");
-    return e == nullptr ? 0 : std::atoi(e);
-  }();
-  if (forced == 3 || forced == 4) return forced == 4;
-  return ctas > 3 * static_cast<int64_t>(st->sm_count);
-}
-
+// pointer it reads with 16-byte copies is 16-byte aligned; KVARN_CUDA_ATTENTION=generic forces
+// the general kernel (tests compare the two). On sm_90 its record ring is fed by bulk copies;
+// KVARN_CUDA_RING=cpasync forces the sm_80 cp.async ring there (tests run both).
 bool UseMmaKernel(const CudaState* st, const Config& cfg, const PagedKV& kv) {
   static const bool forced_generic = [] {
     const char* e = std::getenv("KVARN_CUDA_ATTENTION");
     return e != nullptr && std::string(e) == "generic";
   }();
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return !forced_generic && st->cc_major >= 8 && cfg.D == mma::kD &&
-         (cfg.G == 64 || cfg.G == 128) && cfg.key_bits == 4 && cfg.value_bits == 2 &&
+  const size_t expected = cfg.G == 128 ? mma::Ring<128>::kRecordBytes : mma::Ring<64>::kRecordBytes;
+  return !forced_generic && MmaShape(st, cfg) && cfg.record_bytes() == expected &&
          kv.record_stride % 16 == 0 && aligned(kv.records) && aligned(kv.k_pages) &&
          aligned(kv.v_pages);
+}
+
+bool UseBulkRing(const CudaState* st) {
+  static const bool forced_cpasync = [] {
+    const char* e = std::getenv("KVARN_CUDA_RING");
+    return e != nullptr && std::string(e) == "cpasync";
+  }();
+  return st->cc_major >= 9 && !forced_cpasync;
+}
+
+constexpr int kMaxDevices = 64;
+
+// Raises the kernel's dynamic shared-memory limit once per device and returns its resident CTAs
+// per SM (0 if it cannot run). Done outside any stream work, so launches stay capturable.
+template <int G, bool kBulk>
+int PrepareMma(int device) {
+  static std::atomic<int> ctas[kMaxDevices];  // 0 = not yet, -1 = cannot run
+  if (device < 0 || device >= kMaxDevices) return 0;
+  int n = ctas[device].load(std::memory_order_acquire);
+  if (n != 0) return std::max(n, 0);
+  const size_t smem = sizeof(mma::MmaSmem<G>);
+  n = -1;
+  if (cudaFuncSetAttribute(mma::MmaAttentionKernel<G, kBulk>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(smem)) == cudaSuccess) {
+    int per_sm = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mma::MmaAttentionKernel<G, kBulk>,
+                                                      mma::kWarps * kWarpSize,
+                                                      smem) == cudaSuccess &&
+        per_sm > 0) {
+      n = per_sm;
+    }
+  }
+  cudaGetLastError();  // a failure here is reported by the launch, not left sticky
+  ctas[device].store(n, std::memory_order_release);
+  return std::max(n, 0);
+}
+
+template <int G>
+int PrepareMma(const CudaState* st) {
+  return UseBulkRing(st) ? PrepareMma<G, true>(st->device) : PrepareMma<G, false>(st->device);
+}
+
+int MmaCtasPerSm(CudaState* st, int G) {
+  DeviceGuard guard(st->device);
+  const int n = G == 128 ? PrepareMma<128>(st) : PrepareMma<64>(st);
+  return std::max(n, 1);
+}
+
+template <int G>
+Status LaunchMma(CudaState* st, const AttnParams& P, dim3 grid) {
+  if (PrepareMma<G>(st) == 0) {
+    return {KVARN_ERR_DEVICE, "the tensor-core attention kernel cannot run on this device (" +
+                                  std::to_string(sizeof(mma::MmaSmem<G>)) +
+                                  " bytes of shared memory per CTA)"};
+  }
+  const size_t smem = sizeof(mma::MmaSmem<G>);
+  const unsigned threads = mma::kWarps * kWarpSize;
+  if (UseBulkRing(st)) {
+    mma::MmaAttentionKernel<G, true><<<grid, threads, smem, st->stream>>>(P);
+  } else {
+    mma::MmaAttentionKernel<G, false><<<grid, threads, smem, st->stream>>>(P);
+  }
+  return CheckLaunch("MmaAttentionKernel");
 }
 
 }  // namespace
@@ -674,23 +758,7 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * plan.chunks_per_seq);
   // Every work item of a valid row writes its split's partial, an empty split as m = -inf.
   if (UseMmaKernel(st, cfg, kv)) {
-    const size_t smem = sizeof(mma::MmaSmem);
-    const unsigned threads = mma::kWarps * kWarpSize;
-    const bool four = MmaFourPerSm(st, static_cast<int64_t>(grid.x) * grid.y * grid.z);
-    if (cfg.G == 128) {
-      if (four) {
-        mma::MmaAttentionKernel<8, 4><<<grid, threads, smem, st->stream>>>(P);
-      } else {
-        mma::MmaAttentionKernel<8, 3><<<grid, threads, smem, st->stream>>>(P);
-      }
-    } else {
-      if (four) {
-        mma::MmaAttentionKernel<4, 4><<<grid, threads, smem, st->stream>>>(P);
-      } else {
-        mma::MmaAttentionKernel<4, 3><<<grid, threads, smem, st->stream>>>(P);
-      }
-    }
-    KVARN_RETURN_IF_ERROR(CheckLaunch("MmaAttentionKernel"));
+    KVARN_RETURN_IF_ERROR(cfg.G == 128 ? LaunchMma<128>(st, P, grid) : LaunchMma<64>(st, P, grid));
   } else {
     KVARN_RETURN_IF_ERROR(LaunchGeneric(st, cfg, P, grid));
   }

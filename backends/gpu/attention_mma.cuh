@@ -2,15 +2,24 @@
 // Included by attention_kernels.cu (AttnParams, BlockFwht, the work-item layout and the merge
 // are shared with the general kernel there).
 //
-// Each warp takes whole tiles of its work item's split and keeps its own online softmax; the
-// CTA's 4 warps merge at the end. Per tile, with 8 query rows n (zero-padded):
+// Decode reads every record once per KV head and does little arithmetic on it, so the kernel is
+// built to keep HBM busy: whole records stream into a CTA-wide shared-memory ring (sm_90: one
+// bulk asynchronous copy per record, completing on an mbarrier; sm_80: cp.async), issued
+// kRingIters iterations ahead of the warps that consume them, so that 2 records per CTA (28 KB,
+// ~80 KB per SM at 3 CTAs) are in flight while the warps compute on the previous ones.
+//
+// Each warp owns a 64-token window of a tile (G 128: two warps per record, two records per CTA
+// iteration; G 64: one warp per record, four at a time) and keeps its own online softmax; the
+// CTA's 4 warps merge at the end. Per window, with 8 query rows n (zero-padded):
 //   scores  S^T[t, n] = sum_d code[d, t] * (q'[n, d] a_d)      (mma m16n8k16: M tokens, K d)
 //   values  O^T[d, n] += sum_t code[t, d] * (p[n, t] a'_t)     (mma m16n8k16: M d, K tokens)
 // The integer codes are the A operand, unpacked to fp16 with byte permutes and the 0x6400
 // exponent trick (1024 + code, then minus 1024: exact). Which token or channel sits at which
 // fragment position is chosen so that every byte a thread loads feeds its own fragments:
-//   scores: m-tile j, row g -> token 2*TM*g + 2j (low nibble), row g+8 -> the next token (high
-//           nibble); k slot 2c+e+8h -> channel 16i + 4c + e + 2h (4 channels of a thread adjacent)
+//   scores: m-tile j, row g -> window token 8g + 2j (low nibble), row g+8 -> the next token (high
+//           nibble); k slot 2c+e+8h -> channel 16i + c + 4(e + 2h) (the 4 channel rows a thread
+//           reads are 4 apart, so the 4 thread columns c read 4 neighbouring rows: at most a
+//           2-way bank conflict where adjacent channels would give 4-way)
 //   values: m-tile mt, row g -> channel 16g + 4(mt/2) + 2(mt%2), row g+8 -> the next channel;
 //           k slot -> token 16kc + slot (identity, so P comes from shared memory by ldmatrix).
 #pragma once
@@ -21,8 +30,90 @@ namespace mma {
 
 constexpr int kWarps = 4;
 constexpr int kD = 128;
-constexpr int kKChunks = kD / 16;  // k-chunks of the score product, m-tiles of the value product
-constexpr int kPStride = 128 + 8;  // halves per row of a warp's P buffer (padding: no conflicts)
+constexpr int kKChunks = kD / 16;        // k-chunks of the score product, m-tiles of the values
+constexpr int kTM = 4;                   // m-tiles of 16 tokens per warp window
+constexpr int kWindow = 16 * kTM;        // tokens per warp window
+constexpr int kPStride = kWindow + 8;    // halves per row of a warp's P buffer (no conflicts)
+constexpr int kRingIters = 2;            // CTA iterations of records the ring holds
+
+// The record ring of one tile size (k4v2, D128).
+template <int G>
+struct Ring {
+  static constexpr int kWarpsPerRecord = G / kWindow;           // 2 (G 128) or 1 (G 64)
+  static constexpr int kSlots = kWarps / kWarpsPerRecord;       // records consumed at once
+  static constexpr int kStages = kRingIters * kSlots;
+  static constexpr int kRecordBytes = G * kD * 6 / 8 + 6 * kD + 6 * G;
+  static constexpr int kStageBytes = (kRecordBytes + 127) / 128 * 128;
+  static_assert(kRecordBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+};
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// sm_90 bulk copies completing on mbarriers (one arrival: the issuing thread's, plus the bytes).
+__device__ __forceinline__ void BarrierInit(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(SmemAddr(bar)) : "memory");
+#endif
+}
+// Makes the initialized barriers visible to the copy engine (the async proxy).
+__device__ __forceinline__ void BarrierInitFence() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+#endif
+}
+__device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+  } while (!done);
+#endif
+}
+// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) and arrives on `bar`.
+__device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes,
+                                         uint64_t* bar) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::
+          "r"(SmemAddr(dst)),
+      "l"(src), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+#endif
+}
+
+// sm_80 path: the CTA's threads copy 16 bytes each, one commit group per CTA iteration.
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(dst)), "l"(src)
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+#endif
+}
 
 __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4],
                                          const uint32_t (&b)[2]) {
@@ -67,19 +158,6 @@ __device__ __forceinline__ void SplitHalf2(float x0, float x1, uint32_t* hi, uin
   *lo = PackHalf2(x0 - h.x, x1 - h.y);
 }
 
-// Asks L2 for the record the warp reads next, so its loads there wait on L2, not on HBM.
-__device__ __forceinline__ void PrefetchRecordL2(const uint8_t* rec, int bytes, int lane) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (lane == 0) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(rec), "r"(bytes) : "memory");
-  }
-#elif defined(__CUDA_ARCH__)
-  for (int off = lane * 128; off < bytes; off += kWarpSize * 128) {
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(rec + off));
-  }
-#endif
-}
-
 __device__ __forceinline__ void LdMatrixX2(uint32_t (&b)[2], const __half* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -89,13 +167,13 @@ __device__ __forceinline__ void LdMatrixX2(uint32_t (&b)[2], const __half* p) {
 #endif
 }
 
-// Loads 2*TM halves of per-token fp16 scales of thread group g as floats.
+// Loads 2*TM halves of per-token fp16 scales of thread group g (from shared memory) as floats.
 template <int TM>
 __device__ __forceinline__ void LoadTokenScales(const uint8_t* field, int g, float (&out)[2 * TM]) {
   const uint4* p = reinterpret_cast<const uint4*>(field + 2 * (2 * TM * g));
 #pragma unroll
   for (int v = 0; v < TM / 4; ++v) {
-    const uint4 u = __ldg(p + v);
+    const uint4 u = p[v];
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
@@ -197,31 +275,37 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
   __syncwarp();
 }
 
-// One record tile for one warp.
-template <int TM>
-__device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* rec, const float* qs,
-                                           int key0, int lim0, int lim1, __half* pbuf,
-                                           WarpState& W) {
+__device__ __forceinline__ float HalfIn(const uint8_t* base, int i) {
+  return __half2float(reinterpret_cast<const __half*>(base)[i]);
+}
+
+// One warp's 64-token window (tokens tok0 .. tok0 + 63) of a record tile held in shared memory.
+template <int G>
+__device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t* rec,
+                                             const float* qs, int tok0, int key0, int lim0,
+                                             int lim1, __half* pbuf, WarpState& W) {
+  constexpr int TM = kTM;
   const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
-  constexpr int G = 16 * TM;
-  // B fragments of the score product: (q' a) for row n = g, channels 16i + 4c + 0..3.
+  // B fragments of the score product: (q' a) for row n = g, channels 16i + c + 4r, r = 0..3.
   uint32_t qa[kKChunks][2], qal[kKChunks][2];  // B operand, high and low fp16 parts
   float qzp = 0.f;
   const float* qrow = qs + g * kD;
 #pragma unroll
   for (int i = 0; i < kKChunks; ++i) {
-    const int d = 16 * i + 4 * c;
-    const uint2 ua = __ldg(reinterpret_cast<const uint2*>(rec + P.off_ka + 2 * d));
-    const uint2 uz = __ldg(reinterpret_cast<const uint2*>(rec + P.off_kz + 2 * d));
-    const float4 q4 = *reinterpret_cast<const float4*>(qrow + d);
-    const float2 a01 = Half2AsFloat2(ua.x), a23 = Half2AsFloat2(ua.y);
-    const float2 z01 = Half2AsFloat2(uz.x), z23 = Half2AsFloat2(uz.y);
-    SplitHalf2(q4.x * a01.x, q4.y * a01.y, &qa[i][0], &qal[i][0]);
-    SplitHalf2(q4.z * a23.x, q4.w * a23.y, &qa[i][1], &qal[i][1]);
+    float q[4], a[4], z[4];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int d = 16 * i + c + 4 * r;
+      q[r] = qrow[d];
+      a[r] = HalfIn(rec + P.off_ka, d);
+      z[r] = HalfIn(rec + P.off_kz, d);
+    }
+    SplitHalf2(q[0] * a[0], q[1] * a[1], &qa[i][0], &qal[i][0]);
+    SplitHalf2(q[2] * a[2], q[3] * a[3], &qa[i][1], &qal[i][1]);
     // The zero term, minus the code bias times the B operand the products see (hi + lo).
     const float2 h01 = Half2AsFloat2(qa[i][0]), h23 = Half2AsFloat2(qa[i][1]);
     const float2 l01 = Half2AsFloat2(qal[i][0]), l23 = Half2AsFloat2(qal[i][1]);
-    qzp += q4.x * z01.x + q4.y * z01.y + q4.z * z23.x + q4.w * z23.y -
+    qzp += q[0] * z[0] + q[1] * z[1] + q[2] * z[2] + q[3] * z[3] -
            kCodeBias * (((h01.x + l01.x) + (h01.y + l01.y)) + ((h23.x + l23.x) + (h23.y + l23.y)));
   }
   qzp += __shfl_xor_sync(0xffffffffu, qzp, 1);
@@ -229,30 +313,24 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   const float qz0 = __shfl_sync(0xffffffffu, qzp, (2 * c) * 4);
   const float qz1 = __shfl_sync(0xffffffffu, qzp, (2 * c + 1) * 4);
 
-  // Scores.
+  // Scores: byte j of the word a thread reads from channel row d holds window tokens 8g + 2j
+  // (low nibble) and 8g + 2j + 1 (high nibble).
   float s[TM][4];
 #pragma unroll
   for (int j = 0; j < TM; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-  const uint8_t* kcodes = rec + P.off_kcodes;
+  const uint8_t* kcodes = rec + P.off_kcodes + tok0 / 2 + TM * g;
   constexpr int kRowBytes = G / 2;  // 4-bit codes of G tokens
 #pragma unroll
   for (int i = 0; i < kKChunks; ++i) {
-    uint32_t w[4][TM / 4];
+    uint32_t w[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const uint8_t* row = kcodes + (16 * i + 4 * c + r) * kRowBytes + TM * g;
-      if constexpr (TM == 8) {
-        const uint2 u = __ldg(reinterpret_cast<const uint2*>(row));
-        w[r][0] = u.x;
-        w[r][1] = u.y;
-      } else {
-        w[r][0] = __ldg(reinterpret_cast<const uint32_t*>(row));
-      }
+      w[r] = *reinterpret_cast<const uint32_t*>(kcodes + (16 * i + c + 4 * r) * kRowBytes);
     }
 #pragma unroll
     for (int j = 0; j < TM; ++j) {
-      const uint32_t z01 = PairBytes(w[0][j / 4], w[1][j / 4], j % 4);
-      const uint32_t z23 = PairBytes(w[2][j / 4], w[3][j / 4], j % 4);
+      const uint32_t z01 = PairBytes(w[0], w[1], j);
+      const uint32_t z23 = PairBytes(w[2], w[3], j);
       const uint32_t a[4] = {BiasedCodes<0xF>(z01, 0), BiasedCodes<0xF>(z01, 4),
                              BiasedCodes<0xF>(z23, 0), BiasedCodes<0xF>(z23, 4)};
       Mma16816(s[j], a, qa[i]);
@@ -260,9 +338,9 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
     }
   }
   float ct[2 * TM], va[2 * TM], vz[2 * TM];
-  LoadTokenScales<TM>(rec + P.off_kc, g, ct);
-  LoadTokenScales<TM>(rec + P.off_va, g, va);
-  LoadTokenScales<TM>(rec + P.off_vz, g, vz);
+  LoadTokenScales<TM>(rec + P.off_kc + 2 * tok0, g, ct);
+  LoadTokenScales<TM>(rec + P.off_va + 2 * tok0, g, va);
+  LoadTokenScales<TM>(rec + P.off_vz + 2 * tok0, g, vz);
   float alpha[2], pz[2];
   Softmax<TM>(s, ct, va, vz, true, qz0, qz1, key0, lim0, lim1, g, c, W, pbuf, alpha, pz);
 
@@ -276,11 +354,11 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   for (int kc = 0; kc < TM; ++kc) {
     uint32_t b[2];
     LdMatrixX2(b, pbuf + (lane % 8) * kPStride + 16 * kc + 8 * ((lane / 8) % 2));
-    const uint8_t* base = vcodes + (16 * kc + 2 * c) * kVRowBytes + 4 * g;
-    const uint32_t x = __ldg(reinterpret_cast<const uint32_t*>(base));
-    const uint32_t y = __ldg(reinterpret_cast<const uint32_t*>(base + kVRowBytes));
-    const uint32_t u = __ldg(reinterpret_cast<const uint32_t*>(base + 8 * kVRowBytes));
-    const uint32_t v = __ldg(reinterpret_cast<const uint32_t*>(base + 9 * kVRowBytes));
+    const uint8_t* base = vcodes + (tok0 + 16 * kc + 2 * c) * kVRowBytes + 4 * g;
+    const uint32_t x = *reinterpret_cast<const uint32_t*>(base);
+    const uint32_t y = *reinterpret_cast<const uint32_t*>(base + kVRowBytes);
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(base + 8 * kVRowBytes);
+    const uint32_t v = *reinterpret_cast<const uint32_t*>(base + 9 * kVRowBytes);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint32_t zxy = PairBytes(x, y, k), zuv = PairBytes(u, v, k);
@@ -296,7 +374,7 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   // acc = alpha * acc + c'_d * (o + pz); channel of o[mt][0..1] = 16g + 4(mt/2) + 2(mt%2), of
   // o[mt][2..3] the next one.
   const uint4* vcp = reinterpret_cast<const uint4*>(rec + P.off_vc + 2 * (16 * g));
-  const uint4 c0 = __ldg(vcp), c1 = __ldg(vcp + 1);
+  const uint4 c0 = vcp[0], c1 = vcp[1];
   const uint32_t cw[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
 #pragma unroll
   for (int mt = 0; mt < kKChunks; ++mt) {
@@ -309,11 +387,12 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   __syncwarp();
 }
 
-// One fp16 page tile (sink or tail) for one warp: the same fragments, read from halves.
-template <int TM>
-__device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int valid,
-                                         const float* qs, int key0, int lim0, int lim1,
-                                         __half* pbuf, WarpState& W) {
+// One warp's 64-token window of an fp16 page tile (sink or tail), read from global memory:
+// the same fragments, from halves. `valid` counts the tile's tokens before the sequence end.
+__device__ __forceinline__ void PageWindow(const __half* kp, const __half* vp, int valid,
+                                           const float* qs, int tok0, int key0, int lim0,
+                                           int lim1, __half* pbuf, WarpState& W) {
+  constexpr int TM = kTM;
   const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
   uint32_t qh[kKChunks][2], ql[kKChunks][2];
   const float* qrow = qs + g * kD;
@@ -327,7 +406,7 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
 #pragma unroll
   for (int j = 0; j < TM; ++j) {
     s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-    const int t0 = 2 * TM * g + 2 * j;
+    const int t0 = tok0 + 2 * TM * g + 2 * j;
     // Rows past the sequence end may hold anything: their scores are masked below, and their
     // values are never read (zeroed), so NaN cannot leak in.
     const __half* r0 = kp + static_cast<size_t>(t0) * kD;
@@ -354,7 +433,7 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
     uint32_t rows[4][8];  // tokens 16kc + 2c + {0, 1, 8, 9}, channels 16g .. 16g+15
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int t = 16 * kc + 2 * c + (r & 1) + 8 * (r >> 1);
+      const int t = tok0 + 16 * kc + 2 * c + (r & 1) + 8 * (r >> 1);
       const uint4* p = reinterpret_cast<const uint4*>(vp + static_cast<size_t>(t) * kD + 16 * g);
       uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
       if (t < valid) {
@@ -385,30 +464,88 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
   __syncwarp();
 }
 
+template <int G>
 struct MmaSmem {
+  // The record ring while tiles stream; the per-warp outputs of the CTA merge after.
+  union {
+    unsigned char ring[Ring<G>::kStages][Ring<G>::kStageBytes];
+    struct {
+      float acc[kWarps][kRows * kD];
+      float out[kRows * kD];
+    } merge;
+  } u;
   float q[kRows * kD];                 // rotated queries * scale * log2(e)
   __half p[kWarps][kRows * kPStride];  // per-warp probabilities
   float wm[kWarps][kRows], wl[kWarps][kRows];
-  float acc[kWarps][kRows * kD];  // per-warp outputs for the CTA merge
-  float out[kRows * kD];
   float m[kRows], l[kRows];
   int limit[kRows], qrow[kRows];
+  uint64_t full[Ring<G>::kStages];  // sm_90: one mbarrier per ring stage
 };
 
-// kMinBlocks: CTAs per SM the register allocation is sized for. 3 gives 168 registers and a
-// few spills; 4 gives 128 registers and more spills (slower per CTA) but a grid of up to 4 CTAs
-// per SM runs in one wave. The launch picks by grid size (attention_kernels.cu).
-template <int TM, int kMinBlocks>
-__global__ void __launch_bounds__(kWarps * 32, kMinBlocks) MmaAttentionKernel(AttnParams P) {
+// Starts the copy of record k (0-based among the CTA's record tiles, the tile r_lo + k) into its
+// ring stage. kBulk: thread 0 alone, one bulk copy; a bad table entry still arrives on the
+// stage's barrier (no bytes) so that the consumers, who check the entry themselves, move on.
+// Otherwise: every thread of the CTA copies its 16-byte pieces with cp.async.
+template <int G, bool kBulk>
+__device__ __forceinline__ void IssueRecord(const AttnParams& P, MmaSmem<G>& S,
+                                            const int32_t* table, int r_lo, int h, int k) {
+  using R = Ring<G>;
+  const int stage = k % R::kStages;
+  const int id = table[r_lo + k];
+  const bool ok = id >= 0 && id < P.num_record_blocks;
+  const uint8_t* src = P.records + (static_cast<size_t>(id) * P.Hk + h) * P.record_stride;
+  if constexpr (kBulk) {
+    if (ok) {
+      BulkCopy(S.u.ring[stage], src, R::kRecordBytes, &S.full[stage]);
+    } else {
+      BarrierArrive(&S.full[stage]);
+    }
+  } else {
+    if (!ok) return;
+    for (int off = threadIdx.x * 16; off < R::kRecordBytes; off += kWarps * kWarpSize * 16) {
+      CpAsync16(S.u.ring[stage] + off, src + off);
+    }
+  }
+}
+
+// kBulk: sm_90's bulk copies (else cp.async, sm_80+). 3 CTAs per SM: 168 registers, ~64 KB of
+// shared memory each.
+template <int G, bool kBulk>
+__global__ void __launch_bounds__(kWarps * 32, 3) MmaAttentionKernel(AttnParams P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  extern __shared__ __align__(16) unsigned char smem_raw[];
-  MmaSmem& S = *reinterpret_cast<MmaSmem*>(smem_raw);
-  constexpr int G = 16 * TM;
+  using R = Ring<G>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  MmaSmem<G>& S = *reinterpret_cast<MmaSmem<G>*>(smem_raw);
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int g = lane >> 2, c = lane & 3;
+  const int slot = warp / R::kWarpsPerRecord;                 // which record of an iteration
+  const int tok0 = (warp % R::kWarpsPerRecord) * kWindow;  // which window of it
   WorkItem w;
   if (!ReadWorkItem(P, G, &w)) return;
   const int split = w.split, h = w.h, b = w.b, N = w.N, rt = w.rt, tiles = w.tiles;
+  const int t_begin = split * P.tiles_per_split;
+  const int t_end = min(tiles, t_begin + P.tiles_per_split);
+  // The record tiles of this split, [r_lo, r_hi); the others in [t_begin, t_end) are pages.
+  const int r_lo = max(t_begin, P.sink_tiles), r_hi = min(t_end, P.sink_tiles + rt);
+  const int nrec = max(0, r_hi - r_lo);
+  const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
+
+  // Start the ring first: its copies overlap the setup and the page tiles.
+  if constexpr (kBulk) {
+    if (tid == 0) {
+      for (int s = 0; s < R::kStages; ++s) BarrierInit(&S.full[s]);
+      BarrierInitFence();
+      for (int k = 0; k < min(nrec, R::kStages); ++k) IssueRecord<G, kBulk>(P, S, table, r_lo, h, k);
+    }
+  } else {
+    for (int it = 0; it < kRingIters; ++it) {
+      for (int j = 0; j < R::kSlots; ++j) {
+        const int k = it * R::kSlots + j;
+        if (k < nrec) IssueRecord<G, kBulk>(P, S, table, r_lo, h, k);
+      }
+      CpAsyncCommit();
+    }
+  }
   if (tid < kRows) SetRow(P, w, tid, S.qrow, S.limit);
   __syncthreads();
   // Scores in the log2 domain.
@@ -422,38 +559,64 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) MmaAttentionKernel(At
   for (int mt = 0; mt < kKChunks; ++mt)
     W.acc[mt][0] = W.acc[mt][1] = W.acc[mt][2] = W.acc[mt][3] = 0.f;
   const int lim0 = S.limit[2 * c], lim1 = S.limit[2 * c + 1];
-  const int t_begin = split * P.tiles_per_split;
-  const int t_end = min(tiles, t_begin + P.tiles_per_split);
-  const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
   const size_t page_elems = static_cast<size_t>(P.Hk) * G * kD;
   __half* pbuf = S.p[warp];
-  const int rec_bytes = (16 * TM * kD * 6 / 8 + 6 * kD + 6 * 16 * TM) & ~15;  // k4v2 record
-  for (int tile = t_begin + warp; tile < t_end; tile += kWarps) {
-    const int next = tile + kWarps;
-    if (next < t_end && next >= P.sink_tiles && next < P.sink_tiles + rt) {
-      const int nid = table[next];
-      if (nid >= 0 && nid < P.num_record_blocks) {
-        PrefetchRecordL2(P.records + (static_cast<size_t>(nid) * P.Hk + h) * P.record_stride,
-                         rec_bytes, lane);
-      }
-    }
-    const bool is_record = tile >= P.sink_tiles && tile < P.sink_tiles + rt;
+  const bool reporter = warp % R::kWarpsPerRecord == 0 && lane == 0;
+
+  // fp16 page tiles (sink and unflushed tail), straight from global memory, round-robin over
+  // the slots.
+  for (int tile = t_begin, n = 0; tile < t_end; ++tile) {
+    if (tile >= r_lo && tile < r_hi) continue;
+    if (n++ % R::kSlots != slot) continue;
     const int id = table[tile];
-    if (id < 0 || id >= (is_record ? P.num_record_blocks : P.num_pages)) {
-      if (lane == 0)
-        ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
+    if (id < 0 || id >= P.num_pages) {
+      if (reporter) ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
       continue;
     }
-    if (is_record) {
-      const uint8_t* rec = P.records + (static_cast<size_t>(id) * P.Hk + h) * P.record_stride;
-      RecordTile<TM>(P, rec, S.q, tile * G, lim0, lim1, pbuf, W);
+    const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * kD;
+    PageWindow(reinterpret_cast<const __half*>(P.k_pages) + off,
+               reinterpret_cast<const __half*>(P.v_pages) + off, min(G, N - tile * G), S.q, tok0,
+               tile * G + tok0, lim0, lim1, pbuf, W);
+  }
+
+  // Record tiles from the ring: iteration `base` consumes records base .. base + kSlots - 1,
+  // then refills their stages with the records kStages further on.
+  for (int base = 0; base < nrec; base += R::kSlots) {
+    const int k = base + slot;
+    if constexpr (kBulk) {
+      if (k < nrec) BarrierWait(&S.full[k % R::kStages], (k / R::kStages) & 1);
     } else {
-      const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * kD;
-      PageTile<TM>(reinterpret_cast<const __half*>(P.k_pages) + off,
-                   reinterpret_cast<const __half*>(P.v_pages) + off, min(G, N - tile * G), S.q,
-                   tile * G, lim0, lim1, pbuf, W);
+      CpAsyncWait<kRingIters - 1>();
+      __syncthreads();
+    }
+    if (k < nrec) {
+      const int tile = r_lo + k;
+      const int id = table[tile];
+      if (id >= 0 && id < P.num_record_blocks) {
+        RecordWindow<G>(P, S.u.ring[k % R::kStages], S.q, tok0, tile * G + tok0, lim0, lim1,
+                        pbuf, W);
+      } else if (reporter) {
+        ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
+      }
+    }
+    __syncthreads();  // every warp is done with the stages of this iteration
+    if constexpr (kBulk) {
+      if (tid == 0) {
+        for (int j = 0; j < R::kSlots; ++j) {
+          const int kk = base + R::kStages + j;
+          if (kk < nrec) IssueRecord<G, kBulk>(P, S, table, r_lo, h, kk);
+        }
+      }
+    } else {
+      for (int j = 0; j < R::kSlots; ++j) {
+        const int kk = base + R::kStages + j;
+        if (kk < nrec) IssueRecord<G, kBulk>(P, S, table, r_lo, h, kk);
+      }
+      CpAsyncCommit();
     }
   }
+  if constexpr (!kBulk) CpAsyncWait<0>();  // nothing is left in flight (only empty groups)
+  __syncthreads();  // the ring's memory becomes the merge area
 
   // Merge the warps: sums of l over the thread groups, then maxima and weights across warps.
   float l0 = W.l[0], l1 = W.l[1];
@@ -468,33 +631,35 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) MmaAttentionKernel(At
     S.wl[warp][2 * c] = l0;
     S.wl[warp][2 * c + 1] = l1;
   }
+  float* acc = S.u.merge.acc[warp];
 #pragma unroll
   for (int mt = 0; mt < kKChunks; ++mt) {
     const int d = 16 * g + 2 * mt;
-    S.acc[warp][(2 * c) * kD + d] = W.acc[mt][0];
-    S.acc[warp][(2 * c + 1) * kD + d] = W.acc[mt][1];
-    S.acc[warp][(2 * c) * kD + d + 1] = W.acc[mt][2];
-    S.acc[warp][(2 * c + 1) * kD + d + 1] = W.acc[mt][3];
+    acc[(2 * c) * kD + d] = W.acc[mt][0];
+    acc[(2 * c + 1) * kD + d] = W.acc[mt][1];
+    acc[(2 * c) * kD + d + 1] = W.acc[mt][2];
+    acc[(2 * c + 1) * kD + d + 1] = W.acc[mt][3];
   }
   __syncthreads();
   if (tid < kRows) {
     float M = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) M = fmaxf(M, S.wm[w][tid]);
+    for (int v = 0; v < kWarps; ++v) M = fmaxf(M, S.wm[v][tid]);
     float L = 0.f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (S.wm[w][tid] != -INFINITY) L += S.wl[w][tid] * exp2f(S.wm[w][tid] - M);
+    for (int v = 0; v < kWarps; ++v) {
+      if (S.wm[v][tid] != -INFINITY) L += S.wl[v][tid] * exp2f(S.wm[v][tid] - M);
     }
     S.m[tid] = M;
     S.l[tid] = L;
   }
   __syncthreads();
+  float* out = S.u.merge.out;
   for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
     const int r = idx / kD;
     float o = 0.f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (S.wm[w][r] != -INFINITY) o += S.acc[w][idx] * exp2f(S.wm[w][r] - S.m[r]);
+    for (int v = 0; v < kWarps; ++v) {
+      if (S.wm[v][r] != -INFINITY) o += S.u.merge.acc[v][idx] * exp2f(S.wm[v][r] - S.m[r]);
     }
-    S.out[idx] = o;
+    out[idx] = o;
   }
   __syncthreads();
   constexpr float kLn2 = 0.6931471805599453f;
@@ -502,7 +667,7 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) MmaAttentionKernel(At
     for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
       const int r = idx / kD, d = idx % kD;
       if (S.qrow[r] < 0) continue;
-      P.part_acc[(static_cast<size_t>(S.qrow[r]) * P.splits + split) * kD + d] = S.out[idx];
+      P.part_acc[(static_cast<size_t>(S.qrow[r]) * P.splits + split) * kD + d] = out[idx];
     }
     if (tid < kRows && S.qrow[tid] >= 0) {
       float* ml = P.part_ml + (static_cast<size_t>(S.qrow[tid]) * P.splits + split) * 2;
@@ -513,13 +678,13 @@ __global__ void __launch_bounds__(kWarps * 32, kMinBlocks) MmaAttentionKernel(At
   }
   for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
     const int r = idx / kD;
-    S.out[idx] = S.l[r] > 0.f ? S.out[idx] / S.l[r] : 0.f;
+    out[idx] = S.l[r] > 0.f ? out[idx] / S.l[r] : 0.f;
   }
-  if (P.v_rotate) BlockFwht(S.out, kRows, kD, P.log2D);
+  if (P.v_rotate) BlockFwht(out, kRows, kD, P.log2D);
   for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
     const int r = idx / kD, d = idx % kD;
     if (S.qrow[r] >= 0)
-      StoreElem(P.out, static_cast<size_t>(S.qrow[r]) * kD + d, P.out_dtype, S.out[idx]);
+      StoreElem(P.out, static_cast<size_t>(S.qrow[r]) * kD + d, P.out_dtype, out[idx]);
   }
   if (P.lse && tid < kRows && S.qrow[tid] >= 0) {
     P.lse[S.qrow[tid]] = S.m[tid] * kLn2 + logf(S.l[tid]);
