@@ -42,7 +42,10 @@ fn main() {
         println!("cargo:rustc-link-search=native={dir}");
     }
     println!("cargo:rustc-link-lib=dylib=kvarn");
-    println!("cargo:lib_dir={}", lib_dirs.first().map(String::as_str).unwrap_or(""));
+    println!(
+        "cargo:lib_dir={}",
+        lib_dirs.first().map(String::as_str).unwrap_or("")
+    );
 }
 
 /// The `-L` directories of `pkg-config --libs-only-L kvarn`.
@@ -54,7 +57,10 @@ fn pkg_config_lib_dirs() -> Result<Vec<String>, String> {
         .map_err(|e| format!("could not run {program}: {e}"))?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        return Err(format!("{program} --libs-only-L kvarn failed: {}", stderr.trim()));
+        return Err(format!(
+            "{program} --libs-only-L kvarn failed: {}",
+            stderr.trim()
+        ));
     }
     let stdout = String::from_utf8_lossy(&output.stdout);
     Ok(stdout

@@ -27,14 +27,18 @@ mod tests {
     use std::ptr;
 
     fn last_error() -> String {
-        unsafe { CStr::from_ptr(kvarn_last_error()) }.to_string_lossy().into_owned()
+        unsafe { CStr::from_ptr(kvarn_last_error()) }
+            .to_string_lossy()
+            .into_owned()
     }
 
     #[test]
     fn version_matches_header() {
         let number = unsafe { kvarn_version_number() };
         assert_eq!(number, KVARN_VERSION_NUMBER);
-        let s = unsafe { CStr::from_ptr(kvarn_version_string()) }.to_str().unwrap();
+        let s = unsafe { CStr::from_ptr(kvarn_version_string()) }
+            .to_str()
+            .unwrap();
         let expected = format!(
             "{}.{}.{}",
             KVARN_VERSION_MAJOR, KVARN_VERSION_MINOR, KVARN_VERSION_PATCH
@@ -50,7 +54,10 @@ mod tests {
             let mut c = std::mem::zeroed::<kvarn_config_t>();
             kvarn_config_defaults(&mut c);
             assert_eq!(c.size, std::mem::size_of::<kvarn_config_t>());
-            assert_eq!((c.head_dim, c.tile_tokens, c.key_bits, c.value_bits), (128, 128, 4, 2));
+            assert_eq!(
+                (c.head_dim, c.tile_tokens, c.key_bits, c.value_bits),
+                (128, 128, 4, 2)
+            );
             let mut o = std::mem::zeroed::<kvarn_cache_options_t>();
             kvarn_cache_options_defaults(&mut o);
             assert_eq!(o.size, std::mem::size_of::<kvarn_cache_options_t>());
@@ -71,7 +78,10 @@ mod tests {
         let name = CString::new("k4v2_g128").unwrap();
         unsafe {
             let mut c = std::mem::zeroed::<kvarn_config_t>();
-            assert_eq!(kvarn_config_from_preset(name.as_ptr(), 128, &mut c), KVARN_OK);
+            assert_eq!(
+                kvarn_config_from_preset(name.as_ptr(), 128, &mut c),
+                KVARN_OK
+            );
             let mut bytes = 0usize;
             assert_eq!(kvarn_record_bytes(&c, &mut bytes), KVARN_OK);
             assert_eq!(bytes, 13_824); // D*G*(4+2)/8 + 6D + 6G
@@ -83,7 +93,10 @@ mod tests {
         let name = CString::new("no_such_preset").unwrap();
         unsafe {
             let mut c = std::mem::zeroed::<kvarn_config_t>();
-            assert_eq!(kvarn_config_from_preset(name.as_ptr(), 128, &mut c), KVARN_ERR_NOT_FOUND);
+            assert_eq!(
+                kvarn_config_from_preset(name.as_ptr(), 128, &mut c),
+                KVARN_ERR_NOT_FOUND
+            );
         }
         assert!(!last_error().is_empty());
         let status = unsafe { CStr::from_ptr(kvarn_status_string(KVARN_ERR_NOT_FOUND)) };
@@ -98,7 +111,12 @@ mod tests {
             opt.backend = KVARN_BACKEND_CPU;
             opt.num_threads = 1;
             let mut ctx: *mut kvarn_context_t = ptr::null_mut();
-            assert_eq!(kvarn_context_create(&opt, &mut ctx), KVARN_OK, "{}", last_error());
+            assert_eq!(
+                kvarn_context_create(&opt, &mut ctx),
+                KVARN_OK,
+                "{}",
+                last_error()
+            );
             let mut c = std::mem::zeroed::<kvarn_config_t>();
             kvarn_config_defaults(&mut c);
             c.key_bits = 8;
@@ -146,9 +164,17 @@ mod tests {
             kvarn_context_destroy(ctx);
             // 8-bit codes: the reconstruction error is a small fraction of the signal.
             for (a, b) in [(&k, &k2), (&v, &v2)] {
-                let num: f64 = a.iter().zip(b.iter()).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+                let num: f64 = a
+                    .iter()
+                    .zip(b.iter())
+                    .map(|(x, y)| ((x - y) as f64).powi(2))
+                    .sum();
                 let den: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
-                assert!((num / den).sqrt() < 0.02, "relative error {}", (num / den).sqrt());
+                assert!(
+                    (num / den).sqrt() < 0.02,
+                    "relative error {}",
+                    (num / den).sqrt()
+                );
             }
         }
     }

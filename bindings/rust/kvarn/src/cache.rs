@@ -46,7 +46,12 @@ impl Default for CacheOptions {
 impl CacheOptions {
     /// Options for a config, a layer count and a KV head count; capacity fields at defaults.
     pub fn new(config: Config, num_layers: i32, num_kv_heads: i32) -> CacheOptions {
-        CacheOptions { config, num_layers, num_kv_heads, ..CacheOptions::default() }
+        CacheOptions {
+            config,
+            num_layers,
+            num_kv_heads,
+            ..CacheOptions::default()
+        }
     }
 }
 
@@ -68,12 +73,22 @@ pub struct AttentionParams<'a> {
 impl<'a> AttentionParams<'a> {
     /// Decode: one query token per sequence.
     pub fn decode(num_q_heads: i32) -> AttentionParams<'static> {
-        AttentionParams { num_q_heads, scale: 0.0, num_splits: 0, q_indptr: None }
+        AttentionParams {
+            num_q_heads,
+            scale: 0.0,
+            num_splits: 0,
+            q_indptr: None,
+        }
     }
 
     /// Extend: sequence b has the query tokens `q_indptr[b]..q_indptr[b+1]`.
     pub fn extend(num_q_heads: i32, q_indptr: &'a [i32]) -> AttentionParams<'a> {
-        AttentionParams { num_q_heads, scale: 0.0, num_splits: 0, q_indptr: Some(q_indptr) }
+        AttentionParams {
+            num_q_heads,
+            scale: 0.0,
+            num_splits: 0,
+            q_indptr: Some(q_indptr),
+        }
     }
 }
 

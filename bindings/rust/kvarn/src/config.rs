@@ -71,8 +71,8 @@ impl Config {
     /// for a head dim; other fields get their defaults. Unknown names give
     /// [`Status::NotFound`](crate::Status::NotFound).
     pub fn from_preset(name: &str, head_dim: i32) -> Result<Config> {
-        let cname = CString::new(name)
-            .map_err(|_| Error::invalid("preset name contains a NUL byte"))?;
+        let cname =
+            CString::new(name).map_err(|_| Error::invalid("preset name contains a NUL byte"))?;
         let mut raw = raw_defaults();
         // SAFETY: cname is NUL-terminated, raw is a valid kvarn_config_t.
         check(unsafe { sys::kvarn_config_from_preset(cname.as_ptr(), head_dim, &mut raw) })?;

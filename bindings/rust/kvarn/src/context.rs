@@ -44,7 +44,11 @@ pub struct ContextOptions {
 
 impl Default for ContextOptions {
     fn default() -> ContextOptions {
-        ContextOptions { backend: Backend::Auto, device: 0, num_threads: 0 }
+        ContextOptions {
+            backend: Backend::Auto,
+            device: 0,
+            num_threads: 0,
+        }
     }
 }
 
@@ -92,7 +96,10 @@ impl Context {
     /// A context on `backend` with default options. An explicitly requested backend that is not
     /// available fails with [`Status::BackendUnavailable`](crate::Status::BackendUnavailable).
     pub fn new(backend: Backend) -> Result<Context> {
-        Context::with_options(&ContextOptions { backend, ..ContextOptions::default() })
+        Context::with_options(&ContextOptions {
+            backend,
+            ..ContextOptions::default()
+        })
     }
 
     /// A context from options.
@@ -109,13 +116,16 @@ impl Context {
             let raw = NonNull::new(out)
                 .ok_or_else(|| Error::new(crate::Status::Internal, "context_create gave NULL"))?;
             let mut b: sys::kvarn_backend_t = sys::KVARN_BACKEND_AUTO;
-            let ctx_backend = if sys::kvarn_context_get_backend(raw.as_ptr(), &mut b) == sys::KVARN_OK
-            {
-                Backend::from_raw(b)
-            } else {
-                Backend::Auto
-            };
-            Ok(Context { raw, backend: ctx_backend })
+            let ctx_backend =
+                if sys::kvarn_context_get_backend(raw.as_ptr(), &mut b) == sys::KVARN_OK {
+                    Backend::from_raw(b)
+                } else {
+                    Backend::Auto
+                };
+            Ok(Context {
+                raw,
+                backend: ctx_backend,
+            })
         }
     }
 
@@ -323,7 +333,14 @@ impl Context {
         let n = mul(mul(n_tiles, g)?, d)?;
         let mut k = vec![0f32; n];
         let mut v = vec![0f32; n];
-        self.dequantize_into(config, records, rb, Frame::Model, Some(&mut k), Some(&mut v))?;
+        self.dequantize_into(
+            config,
+            records,
+            rb,
+            Frame::Model,
+            Some(&mut k),
+            Some(&mut v),
+        )?;
         Ok((k, v))
     }
 

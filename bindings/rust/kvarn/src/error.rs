@@ -115,7 +115,10 @@ pub struct Error {
 impl Error {
     /// An error with a given status and message.
     pub fn new(status: Status, message: impl Into<String>) -> Error {
-        Error { status, message: message.into() }
+        Error {
+            status,
+            message: message.into(),
+        }
     }
 
     /// The error of a failed C call: reads `kvarn_last_error()` of this thread, which must be
@@ -124,7 +127,10 @@ impl Error {
         // SAFETY: never NULL, NUL-terminated, valid until the next fallible call on this thread;
         // copied at once.
         let msg = unsafe { CStr::from_ptr(sys::kvarn_last_error()) };
-        Error { status: Status::from_raw(raw), message: msg.to_string_lossy().into_owned() }
+        Error {
+            status: Status::from_raw(raw),
+            message: msg.to_string_lossy().into_owned(),
+        }
     }
 
     pub(crate) fn invalid(message: impl Into<String>) -> Error {

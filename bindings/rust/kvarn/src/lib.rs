@@ -34,6 +34,8 @@
 //! loader must find `libkvarn.so.0` at run time (`LD_LIBRARY_PATH` or the system path).
 
 #![deny(missing_docs)]
+// The C enums are `c_uint` here but `c_int` on other ABIs: the casts to u32 are deliberate.
+#![allow(clippy::unnecessary_cast)]
 
 use std::ffi::CStr;
 
@@ -318,7 +320,9 @@ pub(crate) fn positive(x: i32, what: &str) -> Result<usize> {
 /// len / per_row when it divides exactly, else InvalidArgument.
 pub(crate) fn exact_rows(len: usize, per_row: usize, what: &str) -> Result<usize> {
     if per_row == 0 || len % per_row != 0 {
-        Err(Error::invalid(format!("{what}: {len} elements is not a multiple of {per_row}")))
+        Err(Error::invalid(format!(
+            "{what}: {len} elements is not a multiple of {per_row}"
+        )))
     } else {
         Ok(len / per_row)
     }
@@ -326,5 +330,6 @@ pub(crate) fn exact_rows(len: usize, per_row: usize, what: &str) -> Result<usize
 
 /// a * b, or InvalidArgument on overflow.
 pub(crate) fn mul(a: usize, b: usize) -> Result<usize> {
-    a.checked_mul(b).ok_or_else(|| Error::invalid(format!("size {a} x {b} overflows usize")))
+    a.checked_mul(b)
+        .ok_or_else(|| Error::invalid(format!("size {a} x {b} overflows usize")))
 }

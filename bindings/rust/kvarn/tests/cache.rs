@@ -22,7 +22,11 @@ struct Mirror {
 
 impl Mirror {
     fn new() -> Mirror {
-        Mirror { k: vec![Vec::new(); LAYERS], v: vec![Vec::new(); LAYERS], committed: 0 }
+        Mirror {
+            k: vec![Vec::new(); LAYERS],
+            v: vec![Vec::new(); LAYERS],
+            committed: 0,
+        }
     }
     fn tokens(&self, layer: usize) -> usize {
         self.k[layer].len() / (HK * D)
@@ -48,7 +52,11 @@ fn setup(preset: &str) -> (Context, Config) {
 }
 
 fn options(config: Config) -> CacheOptions {
-    CacheOptions { max_tokens: 4096, max_sequences: 8, ..CacheOptions::new(config, LAYERS as i32, HK as i32) }
+    CacheOptions {
+        max_tokens: 4096,
+        max_sequences: 8,
+        ..CacheOptions::new(config, LAYERS as i32, HK as i32)
+    }
 }
 
 /// Appends n random tokens to every layer (committed unless speculative) and mirrors them.
@@ -71,7 +79,14 @@ fn append(cache: &mut Cache, rng: &mut Rng, seq: i64, m: &mut Mirror, n: usize, 
 
 /// Decode attention of one random query per layer against the reference; returns the largest
 /// relative L2 error and the outputs.
-fn check_decode(ctx: &Context, config: &Config, cache: &Cache, rng: &mut Rng, seq: i64, m: &Mirror) -> (f64, Vec<Vec<f32>>) {
+fn check_decode(
+    ctx: &Context,
+    config: &Config,
+    cache: &Cache,
+    rng: &mut Rng,
+    seq: i64,
+    m: &Mirror,
+) -> (f64, Vec<Vec<f32>>) {
     let mut worst = 0f64;
     let mut outs = Vec::new();
     for l in 0..LAYERS {
@@ -79,12 +94,22 @@ fn check_decode(ctx: &Context, config: &Config, cache: &Cache, rng: &mut Rng, se
         let mut out = vec![0f32; HQ * D];
         let mut lse = vec![0f32; HQ];
         cache
-            .attention(l as i32, &[seq], &AttentionParams::decode(HQ as i32), &q, &mut out, Some(&mut lse))
+            .attention(
+                l as i32,
+                &[seq],
+                &AttentionParams::decode(HQ as i32),
+                &q,
+                &mut out,
+                Some(&mut lse),
+            )
             .unwrap();
         let (k2, v2) = reconstruct(ctx, config, HK, &m.k[l], &m.v[l], m.committed);
         let (want, want_lse) = attention(&q, &k2, &v2, HQ, HK, D);
         let err = rel_l2(&out, &want);
-        assert!(err < 1e-4, "layer {l}: relative L2 error {err} against the reference");
+        assert!(
+            err < 1e-4,
+            "layer {l}: relative L2 error {err} against the reference"
+        );
         for (g, w) in lse.iter().zip(&want_lse) {
             assert!((*g as f64 - w).abs() < 1e-3, "lse {g} vs {w}");
         }
@@ -116,9 +141,19 @@ fn decode_loop_matches_fp32_attention_over_the_dequantized_cache() {
         assert_eq!(stats.tokens, (306 * LAYERS) as i64);
         // complete tiles past the sink tile are records, one per KV head and layer
         let record_tiles = 306 / config.tile_tokens as usize - 1;
-        assert_eq!(stats.records, (record_tiles * HK * LAYERS) as i64, "{stats:?}");
-        assert!(stats.bytes_used > 0 && stats.fp16_bytes == (306 * LAYERS * HK * D * 4) as i64, "{stats:?}");
-        eprintln!("{preset}: worst relative L2 error {worst:.2e}, compression {:.2}x", stats.compression_ratio);
+        assert_eq!(
+            stats.records,
+            (record_tiles * HK * LAYERS) as i64,
+            "{stats:?}"
+        );
+        assert!(
+            stats.bytes_used > 0 && stats.fp16_bytes == (306 * LAYERS * HK * D * 4) as i64,
+            "{stats:?}"
+        );
+        eprintln!(
+            "{preset}: worst relative L2 error {worst:.2e}, compression {:.2}x",
+            stats.compression_ratio
+        );
     }
 }
 
@@ -127,7 +162,7 @@ fn extend_two_sequences_with_causal_queries() {
     let (ctx, config) = setup("k4v2_g64");
     let mut cache = Cache::new(&ctx, &options(config)).unwrap();
     let mut rng = Rng::new(5);
-    let mut ms = vec![Mirror::new(), Mirror::new()];
+    let mut ms = [Mirror::new(), Mirror::new()];
     for (i, n) in [(0usize, 190usize), (1, 75)] {
         cache.add_sequence(100 + i as i64).unwrap();
         append(&mut cache, &mut rng, 100 + i as i64, &mut ms[i], n, false);
@@ -138,7 +173,14 @@ fn extend_two_sequences_with_causal_queries() {
         let mut out = vec![F16::default(); 8 * HQ * D]; // fp16 output
         let mut lse = vec![0f32; 8 * HQ];
         cache
-            .attention(l as i32, &[100, 101], &AttentionParams::extend(HQ as i32, &indptr), &q, &mut out, Some(&mut lse))
+            .attention(
+                l as i32,
+                &[100, 101],
+                &AttentionParams::extend(HQ as i32, &indptr),
+                &q,
+                &mut out,
+                Some(&mut lse),
+            )
             .unwrap();
         for (b, m) in ms.iter().enumerate() {
             let (lo, hi) = (indptr[b] as usize * HQ * D, indptr[b + 1] as usize * HQ * D);
@@ -146,7 +188,10 @@ fn extend_two_sequences_with_causal_queries() {
             let (want, want_lse) = attention(&q[lo..hi], &k2, &v2, HQ, HK, D);
             let got: Vec<f32> = out[lo..hi].iter().map(|h| h.to_f32()).collect();
             let err = rel_l2(&got, &want);
-            assert!(err < 2e-3, "sequence {b} layer {l}: fp16 output error {err}"); // fp16 rounding
+            assert!(
+                err < 2e-3,
+                "sequence {b} layer {l}: fp16 output error {err}"
+            ); // fp16 rounding
             let lse_got = &lse[lo / D..hi / D];
             for (g, w) in lse_got.iter().zip(&want_lse) {
                 assert!((*g as f64 - w).abs() < 1e-3);
@@ -172,7 +217,10 @@ fn speculative_tokens_are_seen_then_committed_or_rolled_back() {
     check_decode(&ctx, &config, &cache, &mut rng, 1, &m);
     // a committed append while speculative tokens are pending is refused, and changes nothing
     let k = rng.tensor(HK * D, D);
-    assert_eq!(cache.append(1, 0, &k, &k).unwrap_err().status(), Status::InvalidState);
+    assert_eq!(
+        cache.append(1, 0, &k, &k).unwrap_err().status(),
+        Status::InvalidState
+    );
     assert_eq!(cache.sequence_length(1, 0).unwrap().tokens, 140);
 
     // rejected draft: truncate back; attention equals the one before the draft, bit for bit
@@ -184,10 +232,15 @@ fn speculative_tokens_are_seen_then_committed_or_rolled_back() {
     let mut fresh = Cache::new(&ctx, &options(config)).unwrap();
     fresh.add_sequence(1).unwrap();
     for l in 0..LAYERS {
-        fresh.append(1, l as i32, &before.k[l], &before.v[l]).unwrap();
+        fresh
+            .append(1, l as i32, &before.k[l], &before.v[l])
+            .unwrap();
     }
     let (_, untouched) = check_decode(&ctx, &config, &fresh, &mut rng_b, 1, &before);
-    assert_eq!(after_rollback, untouched, "a truncated draft must leave no trace");
+    assert_eq!(
+        after_rollback, untouched,
+        "a truncated draft must leave no trace"
+    );
 
     // accepted draft: commit 12 of 20 speculative tokens; tile 1 (tokens 64..127) becomes a record
     append(&mut cache, &mut rng, 1, &mut m, 20, true);
@@ -222,7 +275,10 @@ fn fork_and_export_import_reproduce_attention_exactly() {
     assert_eq!(out10, out12);
     check_decode(&ctx, &config, &cache, &mut Rng::new(seed), 11, &short);
     // a fork cutting a record tile is refused
-    assert_eq!(cache.fork(10, 13, Some(100)).unwrap_err().status(), Status::InvalidState);
+    assert_eq!(
+        cache.fork(10, 13, Some(100)).unwrap_err().status(),
+        Status::InvalidState
+    );
 
     // export/import into a second cache gives the same attention, bit for bit
     let blob = cache.export_sequence(10).unwrap();
@@ -236,78 +292,201 @@ fn fork_and_export_import_reproduce_attention_exactly() {
     let mut flipped = blob.clone();
     let at = (rng.next_u64() as usize) % flipped.len();
     flipped[at] ^= 0x10;
-    assert_eq!(other.import_sequence(20, &flipped).unwrap_err().status(), Status::CorruptData);
-    assert_eq!(other.import_sequence(21, &blob[..blob.len() / 2]).unwrap_err().status(), Status::CorruptData);
-    assert_eq!(other.import_sequence(22, &[]).unwrap_err().status(), Status::CorruptData);
-    assert_eq!(other.sequence_length(20, 0).unwrap_err().status(), Status::NotFound);
+    assert_eq!(
+        other.import_sequence(20, &flipped).unwrap_err().status(),
+        Status::CorruptData
+    );
+    assert_eq!(
+        other
+            .import_sequence(21, &blob[..blob.len() / 2])
+            .unwrap_err()
+            .status(),
+        Status::CorruptData
+    );
+    assert_eq!(
+        other.import_sequence(22, &[]).unwrap_err().status(),
+        Status::CorruptData
+    );
+    assert_eq!(
+        other.sequence_length(20, 0).unwrap_err().status(),
+        Status::NotFound
+    );
     assert_eq!(other.stats().unwrap().sequences, 1);
     // a cache of another config refuses the blob
     let g128 = Config::from_preset("k4v2_g128", D as i32).unwrap();
     let mut foreign = Cache::new(&ctx, &options(g128)).unwrap();
-    assert_eq!(foreign.import_sequence(1, &blob).unwrap_err().status(), Status::CorruptData);
+    assert_eq!(
+        foreign.import_sequence(1, &blob).unwrap_err().status(),
+        Status::CorruptData
+    );
 
     cache.remove_sequence(11).unwrap();
-    assert_eq!(cache.sequence_length(11, 0).unwrap_err().status(), Status::NotFound);
+    assert_eq!(
+        cache.sequence_length(11, 0).unwrap_err().status(),
+        Status::NotFound
+    );
 }
 
 #[test]
 fn failing_calls_return_their_status_and_change_nothing() {
     let (ctx, config) = setup("k4v2_g64");
-    let mut cache = Cache::new(&ctx, &CacheOptions { max_tokens: 256, max_sequences: 2, ..CacheOptions::new(config, LAYERS as i32, HK as i32) }).unwrap();
+    let mut cache = Cache::new(
+        &ctx,
+        &CacheOptions {
+            max_tokens: 256,
+            max_sequences: 2,
+            ..CacheOptions::new(config, LAYERS as i32, HK as i32)
+        },
+    )
+    .unwrap();
     let mut rng = Rng::new(3);
     let mut m = Mirror::new();
     cache.add_sequence(1).unwrap();
-    assert_eq!(cache.add_sequence(1).unwrap_err().status(), Status::AlreadyExists);
+    assert_eq!(
+        cache.add_sequence(1).unwrap_err().status(),
+        Status::AlreadyExists
+    );
     append(&mut cache, &mut rng, 1, &mut m, 150, false);
 
     let tok = rng.tensor(HK * D, D);
     // slice length checks: Err, not a panic
-    let e = cache.append(1, 0, &tok[..HK * D - 1], &tok[..HK * D - 1]).unwrap_err();
+    let e = cache
+        .append(1, 0, &tok[..HK * D - 1], &tok[..HK * D - 1])
+        .unwrap_err();
     assert_eq!(e.status(), Status::InvalidArgument);
     assert!(e.message().contains("not a multiple"), "{e}");
-    assert_eq!(cache.append(1, 0, &tok, &tok[..D]).unwrap_err().status(), Status::InvalidArgument);
+    assert_eq!(
+        cache.append(1, 0, &tok, &tok[..D]).unwrap_err().status(),
+        Status::InvalidArgument
+    );
     // library checks
-    assert_eq!(cache.append(9, 0, &tok, &tok).unwrap_err().status(), Status::NotFound);
-    assert_eq!(cache.append(1, LAYERS as i32, &tok, &tok).unwrap_err().status(), Status::InvalidArgument);
+    assert_eq!(
+        cache.append(9, 0, &tok, &tok).unwrap_err().status(),
+        Status::NotFound
+    );
+    assert_eq!(
+        cache
+            .append(1, LAYERS as i32, &tok, &tok)
+            .unwrap_err()
+            .status(),
+        Status::InvalidArgument
+    );
     let mut bad = tok.clone();
     bad[5] = f32::NAN;
-    assert_eq!(cache.append(1, 0, &bad, &tok).unwrap_err().status(), Status::NonFinite);
+    assert_eq!(
+        cache.append(1, 0, &bad, &tok).unwrap_err().status(),
+        Status::NonFinite
+    );
     bad[5] = 1e6;
-    assert_eq!(cache.append(1, 0, &tok, &bad).unwrap_err().status(), Status::Overflow);
-    assert_eq!(cache.truncate(1, 100).unwrap_err().status(), Status::InvalidState); // inside a record tile
-    assert_eq!(cache.commit(1, 151).unwrap_err().status(), Status::InvalidArgument);
+    assert_eq!(
+        cache.append(1, 0, &tok, &bad).unwrap_err().status(),
+        Status::Overflow
+    );
+    assert_eq!(
+        cache.truncate(1, 100).unwrap_err().status(),
+        Status::InvalidState
+    ); // inside a record tile
+    assert_eq!(
+        cache.commit(1, 151).unwrap_err().status(),
+        Status::InvalidArgument
+    );
     let len = cache.sequence_length(1, 0).unwrap();
-    assert_eq!((len.tokens, len.committed), (150, 150), "failed calls changed the cache");
+    assert_eq!(
+        (len.tokens, len.committed),
+        (150, 150),
+        "failed calls changed the cache"
+    );
     check_decode(&ctx, &config, &cache, &mut rng, 1, &m);
 
     // capacity: the record pool of a layer holds max_tokens = 256 tokens (4 tiles), one in use
     let big = rng.tensor(400 * HK * D, D);
     cache.add_sequence(2).unwrap();
-    assert_eq!(cache.append(2, 0, &big, &big).unwrap_err().status(), Status::Capacity);
+    assert_eq!(
+        cache.append(2, 0, &big, &big).unwrap_err().status(),
+        Status::Capacity
+    );
     assert_eq!(cache.sequence_length(2, 0).unwrap().tokens, 0);
-    assert_eq!(cache.add_sequence(3).unwrap_err().status(), Status::Capacity); // max_sequences 2
+    assert_eq!(
+        cache.add_sequence(3).unwrap_err().status(),
+        Status::Capacity
+    ); // max_sequences 2
 
     // attention argument checks
     let q = rng.tensor(HQ * D, D);
     let mut out = vec![0f32; HQ * D];
-    let e = cache.attention(0, &[1], &AttentionParams::decode(3), &q[..3 * D], &mut out[..3 * D], None);
+    let e = cache.attention(
+        0,
+        &[1],
+        &AttentionParams::decode(3),
+        &q[..3 * D],
+        &mut out[..3 * D],
+        None,
+    );
     assert_eq!(e.unwrap_err().status(), Status::InvalidArgument); // Hq not a multiple of Hk
-    let e = cache.attention(0, &[1], &AttentionParams::decode(HQ as i32), &q, &mut out[..D], None);
+    let e = cache.attention(
+        0,
+        &[1],
+        &AttentionParams::decode(HQ as i32),
+        &q,
+        &mut out[..D],
+        None,
+    );
     assert_eq!(e.unwrap_err().status(), Status::InvalidArgument);
     let mut lse = vec![0f32; 1];
-    let e = cache.attention(0, &[1], &AttentionParams::decode(HQ as i32), &q, &mut out, Some(&mut lse));
+    let e = cache.attention(
+        0,
+        &[1],
+        &AttentionParams::decode(HQ as i32),
+        &q,
+        &mut out,
+        Some(&mut lse),
+    );
     assert_eq!(e.unwrap_err().status(), Status::InvalidArgument);
     for indptr in [&[0i32][..], &[1, 1][..], &[0, 2][..]] {
-        let e = cache.attention(0, &[1], &AttentionParams::extend(HQ as i32, indptr), &q, &mut out, None);
-        assert_eq!(e.unwrap_err().status(), Status::InvalidArgument, "indptr {indptr:?}");
+        let e = cache.attention(
+            0,
+            &[1],
+            &AttentionParams::extend(HQ as i32, indptr),
+            &q,
+            &mut out,
+            None,
+        );
+        assert_eq!(
+            e.unwrap_err().status(),
+            Status::InvalidArgument,
+            "indptr {indptr:?}"
+        );
     }
-    let e = cache.attention(0, &[42], &AttentionParams::decode(HQ as i32), &q, &mut out, None);
+    let e = cache.attention(
+        0,
+        &[42],
+        &AttentionParams::decode(HQ as i32),
+        &q,
+        &mut out,
+        None,
+    );
     assert_eq!(e.unwrap_err().status(), Status::NotFound);
-    assert_eq!(cache.export_sequence(42).unwrap_err().status(), Status::NotFound);
+    assert_eq!(
+        cache.export_sequence(42).unwrap_err().status(),
+        Status::NotFound
+    );
 
     // bad options
     let mut o = CacheOptions::new(config, 0, HK as i32);
-    assert_eq!(Cache::new(&ctx, &o).unwrap_err().status(), Status::InvalidArgument);
-    o = CacheOptions::new(Config { key_bits: 3, ..config }, 1, HK as i32);
-    assert!(matches!(Cache::new(&ctx, &o).unwrap_err().status(), Status::Unsupported | Status::InvalidArgument));
+    assert_eq!(
+        Cache::new(&ctx, &o).unwrap_err().status(),
+        Status::InvalidArgument
+    );
+    o = CacheOptions::new(
+        Config {
+            key_bits: 3,
+            ..config
+        },
+        1,
+        HK as i32,
+    );
+    assert!(matches!(
+        Cache::new(&ctx, &o).unwrap_err().status(),
+        Status::Unsupported | Status::InvalidArgument
+    ));
 }

@@ -33,7 +33,9 @@ impl Rng {
     /// n values: normal noise times a per-channel scale (channels = the last axis of `width`),
     /// like real keys with a few loud channels.
     pub fn tensor(&mut self, n: usize, width: usize) -> Vec<f32> {
-        let scales: Vec<f32> = (0..width).map(|_| 0.5 + 1.5 * (self.uniform() + 1.0)).collect();
+        let scales: Vec<f32> = (0..width)
+            .map(|_| 0.5 + 1.5 * (self.uniform() + 1.0))
+            .collect();
         (0..n).map(|i| self.normal() * scales[i % width]).collect()
     }
 }
@@ -41,7 +43,11 @@ impl Rng {
 /// Relative L2 error of `got` against `want`.
 pub fn rel_l2(got: &[f32], want: &[f64]) -> f64 {
     assert_eq!(got.len(), want.len());
-    let num: f64 = got.iter().zip(want).map(|(g, w)| (*g as f64 - w).powi(2)).sum();
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(g, w)| (*g as f64 - w).powi(2))
+        .sum();
     let den: f64 = want.iter().map(|w| w * w).sum();
     (num / den).sqrt()
 }
@@ -85,7 +91,10 @@ pub fn reconstruct(
                 let rec = ctx.quantize(config, &kt, &vt).expect("quantize");
                 ctx.dequantize(config, &rec).expect("dequantize")
             } else {
-                (fp16_page(ctx, config, &kt, config.key_flags), fp16_page(ctx, config, &vt, config.value_flags))
+                (
+                    fp16_page(ctx, config, &kt, config.key_flags),
+                    fp16_page(ctx, config, &vt, config.value_flags),
+                )
             };
             for (i, tok) in (lo..hi).enumerate() {
                 let base = (tok * hk + h) * d;
@@ -114,7 +123,14 @@ fn fp16_page(ctx: &Context, config: &Config, x: &[f32], flags: u32) -> Vec<f32> 
 /// Plain attention of queries `q` `[n_q][Hq][D]` over `[n][Hk][D]` K and V (f64 accumulation):
 /// query i of n_q sees keys [0, n - n_q + i] (decode: n_q = 1 sees all). Returns out
 /// `[n_q][Hq][D]` and lse `[n_q][Hq]` (natural log of the softmax denominator of scaled scores).
-pub fn attention(q: &[f32], k: &[f32], v: &[f32], hq: usize, hk: usize, d: usize) -> (Vec<f64>, Vec<f64>) {
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    hq: usize,
+    hk: usize,
+    d: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let n = k.len() / (hk * d);
     let n_q = q.len() / (hq * d);
     let scale = 1.0 / (d as f64).sqrt();
@@ -129,7 +145,12 @@ pub fn attention(q: &[f32], k: &[f32], v: &[f32], hq: usize, hk: usize, d: usize
             let scores: Vec<f64> = (0..visible)
                 .map(|j| {
                     let krow = &k[(j * hk + kv) * d..(j * hk + kv + 1) * d];
-                    scale * qrow.iter().zip(krow).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>()
+                    scale
+                        * qrow
+                            .iter()
+                            .zip(krow)
+                            .map(|(a, b)| *a as f64 * *b as f64)
+                            .sum::<f64>()
                 })
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
