@@ -156,9 +156,14 @@ pub struct CacheStats {
 /// # Ok(()) }
 /// ```
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn sendable<T: Send>() {}
 /// sendable::<kvarn::Cache<'static>>(); // not Send
+/// ```
+///
+/// ```compile_fail,E0277
+/// fn shared<T: Sync>() {}
+/// shared::<kvarn::Cache<'static>>(); // not Sync
 /// ```
 #[derive(Debug)]
 pub struct Cache<'ctx> {

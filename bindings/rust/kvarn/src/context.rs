@@ -72,7 +72,7 @@ impl Default for ContextOptions {
 /// # Ok(()) }
 /// ```
 ///
-/// ```compile_fail
+/// ```compile_fail,E0277
 /// fn shared<T: Sync>() {}
 /// shared::<kvarn::Context>(); // not Sync
 /// ```

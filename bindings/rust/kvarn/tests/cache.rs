@@ -490,3 +490,32 @@ fn failing_calls_return_their_status_and_change_nothing() {
         Status::Unsupported | Status::InvalidArgument
     ));
 }
+
+#[test]
+fn fp16_and_bf16_appends_store_the_same_as_f32_of_the_same_values() {
+    use kvarn::Bf16;
+    let (ctx, config) = setup("k4v2_g64");
+    let mut rng = Rng::new(17);
+    let n = 150 * HK * D;
+    let k = rng.tensor(n, D);
+    let v = rng.tensor(n, D);
+    let k16: Vec<F16> = k.iter().map(|&x| F16::from_f32(x)).collect();
+    let v16: Vec<F16> = v.iter().map(|&x| F16::from_f32(x)).collect();
+    let kb: Vec<Bf16> = k.iter().map(|&x| Bf16::from_f32(x)).collect();
+    let vb: Vec<Bf16> = v.iter().map(|&x| Bf16::from_f32(x)).collect();
+    let widen16 = |x: &[F16]| x.iter().map(|h| h.to_f32()).collect::<Vec<f32>>();
+    let widenb = |x: &[Bf16]| x.iter().map(|h| h.to_f32()).collect::<Vec<f32>>();
+    let mut cache = Cache::new(&ctx, &options(config)).unwrap();
+    for id in 1..=4 {
+        cache.add_sequence(id).unwrap();
+    }
+    for l in 0..LAYERS as i32 {
+        cache.append(1, l, &k16, &v16).unwrap();
+        cache.append(2, l, &widen16(&k16), &widen16(&v16)).unwrap();
+        cache.append(3, l, &kb, &vb).unwrap();
+        cache.append(4, l, &widenb(&kb), &widenb(&vb)).unwrap();
+    }
+    assert!(cache.export_sequence(1).unwrap() == cache.export_sequence(2).unwrap());
+    assert!(cache.export_sequence(3).unwrap() == cache.export_sequence(4).unwrap());
+    assert!(cache.export_sequence(1).unwrap() != cache.export_sequence(3).unwrap());
+}
