@@ -11,8 +11,11 @@ package io.kvarn;
 public class KvarnException extends RuntimeException {
   private static final long serialVersionUID = 1L;
 
+  /** The status of the failing call. */
   private final Status status;
+  /** The raw C status value. */
   private final int code;
+  /** The detail message without the status prefix. */
   private final String detail;
 
   /**
