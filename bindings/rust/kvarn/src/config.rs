@@ -45,19 +45,19 @@ pub struct Config {
 pub enum RecordField {
     /// D rows x G codes of bK bits.
     KCodes,
-    /// a: fp16 [D].
+    /// a: fp16 `[D]`.
     KScale,
-    /// z: fp16 [D].
+    /// z: fp16 `[D]`.
     KZero,
-    /// c: fp16 [G].
+    /// c: fp16 `[G]`.
     KTokenScale,
     /// G rows x D codes of bV bits.
     VCodes,
-    /// c': fp16 [D].
+    /// c': fp16 `[D]`.
     VChannelScale,
-    /// a': fp16 [G].
+    /// a': fp16 `[G]`.
     VScale,
-    /// z': fp16 [G].
+    /// z': fp16 `[G]`.
     VZero,
 }
 
