@@ -28,6 +28,8 @@ packages=(
   python3-dev
   swig
   bindgen
+  default-jdk-headless
+  junit5
 )
 # Rust bindings (KVARN_BUILD_RUST): Debian's cargo and rustc only when no cargo is on PATH
 # already (a rustup toolchain is kept); bindgen above regenerates kvarn-sys for its check.
