@@ -392,3 +392,23 @@ fn f16_and_bf16_conversions_round_trip_every_value() {
         assert_eq!(Bf16::from_f32(y32[i]), yb[i], "bf16 rounding of {}", y32[i]);
     }
 }
+
+#[test]
+fn records_are_identical_with_the_isa_capped_to_scalar() {
+    use kvarn::CpuIsa;
+    let config = Config::from_preset("k4v2_g128", 128).unwrap();
+    let mut rng = Rng::new(77);
+    let k = rng.tensor(2 * 128 * 128, 128);
+    let v = rng.tensor(2 * 128 * 128, 128);
+    let best = CpuIsa::best();
+    let fast = Context::cpu().unwrap();
+    // process-wide cap for contexts created afterwards (other tests only get slower)
+    CpuIsa::set_max(CpuIsa::Scalar).unwrap();
+    let scalar = Context::cpu().unwrap();
+    CpuIsa::set_max(best).unwrap();
+    assert_eq!(scalar.cpu_isa().unwrap(), CpuIsa::Scalar);
+    assert_eq!(fast.cpu_isa().unwrap(), best);
+    let a = fast.quantize(&config, &k, &v).unwrap();
+    let b = scalar.quantize(&config, &k, &v).unwrap();
+    assert!(a == b, "records differ between {} and scalar", best.name());
+}
