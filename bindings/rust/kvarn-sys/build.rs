@@ -62,6 +62,16 @@ fn pkg_config_lib_dirs() -> Result<Vec<String>, String> {
             stderr.trim()
         ));
     }
+    // Rebuild when that kvarn.pc changes (a reinstall to another prefix).
+    if let Ok(dir) = Command::new(&program)
+        .args(["--variable=pcfiledir", "kvarn"])
+        .output()
+    {
+        let dir = String::from_utf8_lossy(&dir.stdout).trim().to_string();
+        if !dir.is_empty() {
+            println!("cargo:rerun-if-changed={dir}/kvarn.pc");
+        }
+    }
     let stdout = String::from_utf8_lossy(&output.stdout);
     Ok(stdout
         .split_whitespace()
