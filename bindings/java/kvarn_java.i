@@ -82,7 +82,8 @@ static int kvarn_java_out_array(JNIEnv* jenv, jarray array) {
     NativeLoader.load();
   }
 %}
-%pragma(java) jniclassclassmodifiers="public final class"
+/* The JNI class is used by KvarnNative and the proxies only. */
+%pragma(java) jniclassclassmodifiers="final class"
 %pragma(java) moduleclassmodifiers="public final class"
 
 %include <enumtypeunsafe.swg>

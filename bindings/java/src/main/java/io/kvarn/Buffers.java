@@ -103,6 +103,15 @@ final class Buffers {
     return dtype.name().toLowerCase(java.util.Locale.ROOT);
   }
 
+  /** The product of element counts; INVALID_ARGUMENT when it overflows a long. */
+  static long product(String what, long a, long b, long c) {
+    try {
+      return Math.multiplyExact(Math.multiplyExact(a, b), c);
+    } catch (ArithmeticException e) {
+      throw invalid(what + ": the element count overflows");
+    }
+  }
+
   /** A new direct buffer of n bytes in native order. */
   static ByteBuffer allocate(long bytes) {
     if (bytes > Integer.MAX_VALUE) {

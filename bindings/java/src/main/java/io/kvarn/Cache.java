@@ -250,7 +250,7 @@ public final class Cache implements AutoCloseable {
   public void append(long seqId, int layer, long nTokens, DType dtype, Buffer k, Buffer v,
       boolean speculative) {
     if (nTokens < 0) throw Buffers.invalid("nTokens must be >= 0");
-    long elements = nTokens * numKvHeads * config.headDim();
+    long elements = Buffers.product("append", nTokens, numKvHeads, config.headDim());
     Buffer kView = Buffers.tensor(k, "k", dtype, elements, false);
     Buffer vView = Buffers.tensor(v, "v", dtype, elements, false);
     long flags = speculative ? KvarnNative.APPEND_SPECULATIVE : KvarnNative.APPEND_DEFAULT;
@@ -325,7 +325,7 @@ public final class Cache implements AutoCloseable {
       }
       totalQ = indptr[seqIds.length];
     }
-    long elements = totalQ * heads * config.headDim();
+    long elements = Buffers.product("attention", totalQ, heads, config.headDim());
     Buffer qView = Buffers.tensor(q, "q", params.qDtype(), elements, false);
     Buffer outView = Buffers.tensor(out, "out", params.outDtype(), elements, true);
     Buffer lseView = lse == null ? null : Buffers.tensor(lse, "lse", DType.F32, totalQ * heads, true);

@@ -145,7 +145,7 @@ public final class Context implements AutoCloseable {
   public void rotate(int headDim, long nRows, DType inDtype, Buffer in, DType outDtype,
       Buffer out) {
     if (headDim <= 0 || nRows < 0) throw Buffers.invalid("headDim must be > 0 and nRows >= 0");
-    long n = nRows * headDim;
+    long n = Buffers.product("rotate", nRows, headDim, 1);
     Buffer inView = Buffers.tensor(in, "in", inDtype, n, false);
     Buffer outView = Buffers.tensor(out, "out", outDtype, n, true);
     synchronized (handle) {

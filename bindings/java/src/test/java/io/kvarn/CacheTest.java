@@ -297,6 +297,9 @@ class CacheTest {
         () -> cache.append(1, 0, TestData.randomFloats(rng, ROW + 1, 1f), k));
     assertStatus(Status.INVALID_ARGUMENT,
         () -> cache.append(1, 0, 5, DType.F32, k, k, false));
+    assertStatus(Status.INVALID_ARGUMENT,
+        () -> cache.append(1, 0, Long.MAX_VALUE / 64, DType.F32, k, k, false));
+    assertStatus(Status.INVALID_ARGUMENT, () -> cache.append(1, 0, -1, DType.F32, k, k, false));
     // Wrong dtype for the buffer type.
     assertStatus(Status.INVALID_ARGUMENT, () -> cache.append(1, 0, 4, DType.F16, k, k, false));
     assertStatus(Status.INVALID_ARGUMENT,

@@ -104,6 +104,36 @@ class ContextTest {
   }
 
   @Test
+  void bf16InputsAreTheirF32Values() {
+    int n = G * D;
+    float[][] kv = Reference.syntheticKv(rng, G, 1, D);
+    ShortBuffer kb = TestData.shorts(n);
+    ShortBuffer vb = TestData.shorts(n);
+    float[] kr = new float[n];
+    float[] vr = new float[n];
+    for (int i = 0; i < n; i++) {
+      // bf16 = the upper half of the f32 bits (truncation is fine: these are the inputs).
+      kb.put(i, (short) (Float.floatToIntBits(kv[0][i]) >>> 16));
+      vb.put(i, (short) (Float.floatToIntBits(kv[1][i]) >>> 16));
+      kr[i] = Float.intBitsToFloat((kb.get(i) & 0xffff) << 16);
+      vr[i] = Float.intBitsToFloat((vb.get(i) & 0xffff) << 16);
+    }
+    ByteBuffer records = ByteBuffer.allocateDirect((int) config.recordBytes());
+    ctx.quantize(config, 1, DType.BF16, kb, vb, records, config.recordBytes(), false);
+    assertEquals(ctx.quantize(config, TestData.floats(kr), TestData.floats(vr)), records);
+    // A ShortBuffer alone means f16: different numbers, different records.
+    assertNotEquals(records, ctx.quantize(config, kb, vb));
+  }
+
+  @Test
+  void elementCountsThatOverflowAreRefused() {
+    assertStatus(Status.INVALID_ARGUMENT, () -> ctx.rotate(D, Long.MAX_VALUE / 2, DType.F32,
+        TestData.zeros(D), DType.F32, TestData.zeros(D)));
+    assertStatus(Status.INVALID_ARGUMENT, () -> ctx.rotate(D, -1, DType.F32,
+        TestData.zeros(D), DType.F32, TestData.zeros(D)));
+  }
+
+  @Test
   void strideLeavesPaddingAndPositionsAreHonoured() {
     int n = 2 * G * D;
     FloatBuffer k = TestData.randomFloats(rng, n, 1f);
