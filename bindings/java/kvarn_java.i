@@ -159,8 +159,10 @@ KVARN_JAVA_HANDLE(kvarn_cache_t)
 %typemap(jtype) const CTYPE* NAME "JTYPE[]"
 %typemap(jstype) const CTYPE* NAME "JTYPE[]"
 %typemap(javain) const CTYPE* NAME "$javainput"
-%typemap(in) const CTYPE* NAME {
-  $1 = NULL;
+/* Acquired in the check phase, after every argument's in typemap: an in typemap that throws
+ * (a heap buffer) returns before any array is held, so nothing leaks. */
+%typemap(in) const CTYPE* NAME "$1 = NULL;"
+%typemap(check) const CTYPE* NAME {
   if ($input != NULL) {
     $1 = (CTYPE*)(*jenv)->GET(jenv, $input, NULL);
     if ($1 == NULL) return $null; /* OutOfMemoryError pending */

@@ -5,6 +5,7 @@ package io.kvarn;
 
 import static org.junit.jupiter.api.Assertions.assertEquals;
 import static org.junit.jupiter.api.Assertions.assertFalse;
+import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import io.kvarn.internal.BuildInfo;
@@ -95,6 +96,28 @@ class KvarnTest {
     assertEquals(4 * Kvarn.presets().size(), report.passed(), report.toString());
     assertEquals(0, report.failed());
     assertTrue(report.toString().endsWith(report.passed() + " passed, 0 failed"));
+  }
+
+  @Test
+  void theRawLayerRefusesHeapBuffersAndShortOutArrays() {
+    try (Context ctx = new Context()) {
+      long handle = ctx.handle.rawPtr();
+      assertThrows(IllegalArgumentException.class, () -> KvarnNative.rotate(handle, 64, 1,
+          DType.F32.code(), java.nio.FloatBuffer.allocate(64), DType.F32.code(),
+          TestData.zeros(64)));
+      assertThrows(IllegalArgumentException.class,
+          () -> KvarnNative.context_get_device(handle, new int[0]));
+      assertThrows(IllegalArgumentException.class,
+          () -> KvarnNative.context_get_device(handle, null));
+      int[] device = {-1};
+      KvarnNative.context_get_device(handle, device);
+      assertEquals(0, device[0]);
+      // A failing status throws KvarnException from JNI with kvarn_last_error's message.
+      KvarnException e = TestData.assertStatus(Status.UNSUPPORTED, () -> KvarnNative.rotate(
+          handle, 96, 1, DType.F32.code(), TestData.zeros(96), DType.F32.code(),
+          TestData.zeros(96)));
+      assertFalse(e.detail().isEmpty());
+    }
   }
 
   @Test
