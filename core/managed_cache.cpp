@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/checked.h"
 #include "core/checksum.h"
 #include "core/ops.h"
 
@@ -14,7 +15,11 @@ std::string SeqName(int64_t id) { return "sequence " + std::to_string(id); }
 
 Status NotFound(int64_t id) { return {KVARN_ERR_NOT_FOUND, SeqName(id) + " does not exist"}; }
 
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+// The status of an operation that caught std::bad_alloc (the message needs no allocation).
+Status OutOfMemory() { return {KVARN_ERR_OUT_OF_MEMORY, "out of memory"}; }
+
+// For a >= 0, b > 0; never overflows (a may be near INT64_MAX).
+int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0); }
 
 }  // namespace
 
@@ -56,6 +61,10 @@ Status ManagedCache::Create(Context* ctx, const kvarn_cache_options_t& o,
     KVARN_RETURN_IF_ERROR(
         ctx->ops->alloc(ctx, static_cast<size_t>(c->num_pages_) * c->PageElems() * 2, &L.v_pages));
     L.block_refs.assign(c->num_blocks_, 0);
+    // Full capacity now, so that returning an id to a free list never allocates (rollbacks
+    // run after an allocation failed and must not fail themselves).
+    L.free_blocks.reserve(c->num_blocks_);
+    L.free_pages.reserve(c->num_pages_);
     // Free lists are stacks; fill them so that low ids are handed out first.
     for (int32_t b = c->num_blocks_ - 1; b >= 0; --b) L.free_blocks.push_back(b);
     for (int32_t p = c->num_pages_ - 1; p >= 0; --p) L.free_pages.push_back(p);
@@ -96,9 +105,10 @@ Status ManagedCache::AllocPage(Txn& t, int32_t* page) {
                                     std::to_string(num_pages_) +
                                     " pages; raise max_sequences or commit speculative tokens)"};
   }
+  // Logged before it leaves the free list: if logging fails (no memory), nothing has changed.
+  t.new_pages.push_back(L.free_pages.back());
   *page = L.free_pages.back();
   L.free_pages.pop_back();
-  t.new_pages.push_back(*page);
   return Status::Ok();
 }
 
@@ -108,10 +118,10 @@ Status ManagedCache::AllocBlock(Txn& t, int32_t* block) {
     return {KVARN_ERR_CAPACITY, "record pool of layer " + std::to_string(t.layer) +
                                     " is full (max_tokens " + std::to_string(max_tokens_) + ")"};
   }
+  t.new_blocks.push_back(L.free_blocks.back());  // logged first, as in AllocPage
   *block = L.free_blocks.back();
   L.free_blocks.pop_back();
   L.block_refs[*block] = 1;
-  t.new_blocks.push_back(*block);
   return Status::Ok();
 }
 
@@ -140,21 +150,31 @@ void ManagedCache::RollbackTxn(Txn& t, SeqLayer& s) {
     L.free_blocks.push_back(b);
   }
   for (int32_t b : t.shared_blocks) --L.block_refs[b];
-  s = t.saved;
+  s = std::move(t.saved);  // a move: a rollback never allocates
   t = Txn{};
 }
 
 template <typename Op>
 Status ManagedCache::AllLayersOrNone(std::vector<SeqLayer>& layers, Op op) {
-  std::vector<Txn> txns(L_);
-  for (int l = 0; l < L_; ++l) {
-    txns[l].layer = l;
-    txns[l].saved = layers[l];
-    Status st = op(txns[l], layers[l]);
-    if (!st.ok()) {
-      for (int j = l; j >= 0; --j) RollbackTxn(txns[j], layers[j]);
-      return st;
+  std::vector<Txn> txns;
+  int started = 0;  // layers whose transaction holds their saved state
+  Status st;
+  try {
+    txns.resize(L_);
+    for (int l = 0; l < L_ && st.ok(); ++l) {
+      txns[l].layer = l;
+      txns[l].saved = layers[l];
+      started = l + 1;
+      st = op(txns[l], layers[l]);
     }
+  } catch (const std::bad_alloc&) {
+    // Out of memory anywhere inside (undo logs, tables, staging buffers, worker threads): the
+    // undo logs are complete at every allocation, so the rollback below restores everything.
+    st = OutOfMemory();
+  }
+  if (!st.ok()) {
+    for (int j = started - 1; j >= 0; --j) RollbackTxn(txns[j], layers[j]);
+    return st;
   }
   for (Txn& t : txns) CommitTxn(t);
   return Status::Ok();
@@ -361,13 +381,20 @@ Status ManagedCache::Fork(int64_t src_id, int64_t dst_id, int64_t n) {
     }
     KVARN_RETURN_IF_ERROR(CheckCut(sl, keep[l], "forking"));
   }
-  Sequence dst;
-  dst.layers.resize(L_);
-  KVARN_RETURN_IF_ERROR(AllLayersOrNone(dst.layers, [&](Txn& t, SeqLayer& dl) {
-    return ForkLayer(t, src->layers[t.layer], keep[t.layer], dl);
-  }));
-  seqs_.emplace(dst_id, std::move(dst));
-  return Status::Ok();
+  // The map node first (src stays valid: map nodes never move): once the pools have changed,
+  // nothing may fail.
+  const auto node = seqs_.emplace(dst_id, Sequence{}).first;
+  Status st;
+  try {
+    node->second.layers.resize(L_);
+    st = AllLayersOrNone(node->second.layers, [&](Txn& t, SeqLayer& dl) {
+      return ForkLayer(t, src->layers[t.layer], keep[t.layer], dl);
+    });
+  } catch (const std::bad_alloc&) {
+    st = OutOfMemory();
+  }
+  if (!st.ok()) seqs_.erase(node);
+  return st;
 }
 
 Status ManagedCache::ForkLayer(Txn& t, const SeqLayer& src, int64_t keep, SeqLayer& dst) {
@@ -381,9 +408,9 @@ Status ManagedCache::ForkLayer(Txn& t, const SeqLayer& src, int64_t keep, SeqLay
   const size_t bytes = PageElems() * 2;
   for (int64_t tile = 0; tile < tiles; ++tile) {
     if (IsRecordTile(dst, tile)) {
-      dst.table[tile] = src.table[tile];  // shared, never copied
+      dst.table[tile] = src.table[tile];           // shared, never copied
+      t.shared_blocks.push_back(src.table[tile]);  // logged first, as in AllocBlock
       ++L.block_refs[src.table[tile]];
-      t.shared_blocks.push_back(src.table[tile]);
       continue;
     }
     KVARN_RETURN_IF_ERROR(AllocPage(t, &dst.table[tile]));
@@ -419,8 +446,13 @@ Status ManagedCache::Append(int64_t id, int layer, size_t n, kvarn_dtype_t dtype
   }
   Txn t;
   t.layer = layer;
-  t.saved = sl;
-  Status st = AppendTokens(t, sl, n, dtype, k, v, !speculative);
+  t.saved = sl;  // may throw: nothing has changed yet
+  Status st;
+  try {
+    st = AppendTokens(t, sl, n, dtype, k, v, !speculative);
+  } catch (const std::bad_alloc&) {
+    st = OutOfMemory();  // the undo log is complete at every allocation
+  }
   if (!st.ok()) {
     RollbackTxn(t, sl);
     return st;
@@ -690,6 +722,10 @@ Status ManagedCache::Import(int64_t id, const void* blob_ptr, size_t n) {
     return corrupt("blob was made by a cache with another config, layer or head count");
   }
   if (h.header_bytes != sizeof h + L_ * sizeof(BlobLayer)) return corrupt("bad header size");
+  // The layer table lies inside the blob (a blob may be shorter than its own header claims).
+  if (n < static_cast<size_t>(h.header_bytes) + sizeof crc) {
+    return corrupt("blob too short for its layer table");
+  }
   const int G = cfg_.G;
   const size_t rb = cfg_.record_bytes();
   const size_t page_bytes = PageElems() * 2;
@@ -704,14 +740,74 @@ Status ManagedCache::Import(int64_t id, const void* blob_ptr, size_t n) {
         b.record_tiles != rt_expected || b.page_tiles != tiles - b.record_tiles) {
       return corrupt("inconsistent lengths in layer " + std::to_string(l));
     }
-    expect += b.record_tiles * Hk_ * rb + b.page_tiles * 2 * page_bytes;
+    // In size_t with overflow checks: the counts come from the blob.
+    size_t rec_bytes = 0, pg_bytes = 0;
+    if (!CheckedMul(&rec_bytes, b.record_tiles, Hk_, rb) ||
+        !CheckedMul(&pg_bytes, b.page_tiles, 2, page_bytes) || !CheckedAdd(&expect, rec_bytes) ||
+        !CheckedAdd(&expect, pg_bytes)) {
+      return corrupt("layer " + std::to_string(l) + " claims more bytes than a blob can hold");
+    }
   }
   if (expect != n) return corrupt("blob size does not match its layer table");
+  // Append's value rules: what append refuses, import refuses too. fp16 values of the tokens
+  // must be finite, slots past a sequence's end zero (as Export writes them), and the scale and
+  // zero fields of records finite.
+  {
+    size_t off = h.header_bytes;
+    const size_t row_bytes = static_cast<size_t>(cfg_.D) * 2;
+    auto finite_halves = [&](const uint8_t* p, size_t bytes) {
+      for (size_t i = 0; i + 1 < bytes; i += 2) {
+        uint16_t x;
+        std::memcpy(&x, p + i, 2);
+        if ((x & 0x7c00u) == 0x7c00u) return false;
+      }
+      return true;
+    };
+    for (int l = 0; l < L_; ++l) {
+      const BlobLayer& b = bl[l];
+      for (int64_t r = 0; r < static_cast<int64_t>(b.record_tiles) * Hk_; ++r, off += rb) {
+        for (int f = KVARN_FIELD_K_SCALE; f < KVARN_FIELD_COUNT; ++f) {
+          if (f == KVARN_FIELD_V_CODES) continue;
+          if (!finite_halves(blob + off + cfg_.layout.offset[f], cfg_.layout.bytes[f])) {
+            return corrupt("layer " + std::to_string(l) + ", record " + std::to_string(r) +
+                           ": a scale or zero is not finite");
+          }
+        }
+      }
+      const int64_t tiles = CeilDiv(b.len, G);
+      for (int64_t tile = 0; tile < tiles; ++tile) {
+        if (tile >= cfg_.sink_tiles && tile < cfg_.sink_tiles + b.record_tiles) continue;
+        const int64_t valid = std::min<int64_t>(G, b.len - tile * G);
+        for (int which = 0; which < 2; ++which, off += page_bytes) {
+          for (int h2 = 0; h2 < Hk_; ++h2) {
+            const uint8_t* head = blob + off + static_cast<size_t>(h2) * G * row_bytes;
+            if (!finite_halves(head, valid * row_bytes)) {
+              return corrupt("layer " + std::to_string(l) + ", tile " + std::to_string(tile) +
+                             ": a NaN or Inf token value");
+            }
+            const uint8_t* rest = head + valid * row_bytes;
+            const size_t rest_bytes = (G - valid) * row_bytes;
+            if (rest_bytes > 0 && (rest[0] != 0 || std::memcmp(rest, rest + 1, rest_bytes - 1))) {
+              return corrupt("layer " + std::to_string(l) + ", tile " + std::to_string(tile) +
+                             ": non-zero bytes past the sequence end");
+            }
+          }
+        }
+      }
+    }
+  }
   // The blob is consistent; running out of records or pages rolls every layer back.
-  Sequence s;
-  s.layers.resize(L_);
+  // The map node first: once the pools have changed, nothing may fail.
+  const auto node = seqs_.emplace(id, Sequence{}).first;
   size_t off = h.header_bytes;
-  const Status st = AllLayersOrNone(s.layers, [&](Txn& t, SeqLayer& sl) -> Status {
+  Status st;
+  try {
+    node->second.layers.resize(L_);
+  } catch (const std::bad_alloc&) {
+    seqs_.erase(node);
+    return OutOfMemory();
+  }
+  st = AllLayersOrNone(node->second.layers, [&](Txn& t, SeqLayer& sl) -> Status {
     Layer& L = layers_[t.layer];
     sl.len = bl[t.layer].len;
     sl.committed = bl[t.layer].committed;
@@ -741,9 +837,8 @@ Status ManagedCache::Import(int64_t id, const void* blob_ptr, size_t n) {
     }
     return Status::Ok();
   });
-  if (!st.ok()) return st;
-  seqs_.emplace(id, std::move(s));
-  return Status::Ok();
+  if (!st.ok()) seqs_.erase(node);
+  return st;
 }
 
 }  // namespace kvarn

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <string>
 
+#include "core/checked.h"
+
 namespace kvarn {
 namespace {
 
@@ -13,10 +15,17 @@ Status CheckContext(Context* ctx) {
 
 bool IsHeadDim(int d) { return d == 64 || d == 128 || d == 256 || d == 512; }
 
-Status CheckDtype(kvarn_dtype_t dtype, const char* what) {
-  if (!IsValidDtype(dtype)) {
-    return InvalidArgument(std::string(what) + ": unknown dtype value " +
-                           std::to_string(static_cast<int>(dtype)));
+Status CheckDtype(const kvarn_dtype_t& dtype, const char* what) {
+  return CheckDtypeArg(dtype, what);
+}
+
+// INVALID_ARGUMENT unless the product of `factors` (element counts and sizes of a caller
+// buffer) fits in one object.
+template <typename... T>
+Status CheckBufferSize(const char* what, T... factors) {
+  size_t bytes = 0;
+  if (!CheckedMul(&bytes, factors...) || bytes > kMaxObjectBytes) {
+    return InvalidArgument(std::string(what) + " would be larger than the address space");
   }
   return Status::Ok();
 }
@@ -37,6 +46,14 @@ Status CheckCodecArgs(Context* ctx, const Config& cfg, kvarn_dtype_t dtype, cons
 }
 
 }  // namespace
+
+Status CheckDtypeArg(const kvarn_dtype_t& dtype, const char* what) {
+  const int32_t v = EnumInt(dtype);
+  if (v != KVARN_DTYPE_F32 && v != KVARN_DTYPE_F16 && v != KVARN_DTYPE_BF16) {
+    return InvalidArgument(std::string(what) + ": unknown dtype value " + std::to_string(v));
+  }
+  return Status::Ok();
+}
 
 bool IsValidDtype(kvarn_dtype_t dtype) {
   return dtype == KVARN_DTYPE_F32 || dtype == KVARN_DTYPE_F16 || dtype == KVARN_DTYPE_BF16;
@@ -63,6 +80,7 @@ Status OpRotate(Context* ctx, int32_t head_dim, size_t n_rows, kvarn_dtype_t in_
   KVARN_RETURN_IF_ERROR(CheckDtype(in_dtype, "in_dtype"));
   KVARN_RETURN_IF_ERROR(CheckDtype(out_dtype, "out_dtype"));
   if (n_rows == 0) return Status::Ok();
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("in or out", n_rows, head_dim, 4));
   if (in == nullptr || out == nullptr) return InvalidArgument("in or out is NULL");
   if (in == out && in_dtype != out_dtype) {
     return InvalidArgument("in-place rotation needs equal in and out dtypes");
@@ -75,6 +93,8 @@ Status OpQuantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t
                   size_t record_stride) {
   KVARN_RETURN_IF_ERROR(CheckCodecArgs(ctx, cfg, dtype, "dtype", flags, record_stride));
   if (n_tiles == 0) return Status::Ok();
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("k or v", n_tiles, cfg.G, cfg.D, 4));
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("records", n_tiles, record_stride));
   if (k == nullptr || v == nullptr || records == nullptr) {
     return InvalidArgument("k, v or records is NULL");
   }
@@ -86,6 +106,8 @@ Status OpDequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void*
                     void* v) {
   KVARN_RETURN_IF_ERROR(CheckCodecArgs(ctx, cfg, out_dtype, "out_dtype", flags, record_stride));
   if (n_tiles == 0) return Status::Ok();
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("k_out or v_out", n_tiles, cfg.G, cfg.D, 4));
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("records", n_tiles, record_stride));
   if (records == nullptr) return InvalidArgument("records is NULL");
   if (k == nullptr && v == nullptr) return InvalidArgument("k_out and v_out are both NULL");
   return ctx->ops->dequantize(ctx, cfg, n_tiles, records, record_stride, flags, out_dtype, k, v);
@@ -111,6 +133,12 @@ Status ParsePagedKV(const kvarn_paged_kv_t* in, const Config& cfg, PagedKV* out)
   if (in->num_pages > 0 && (in->k_pages == nullptr || in->v_pages == nullptr)) {
     return InvalidArgument("k_pages or v_pages is NULL");
   }
+  KVARN_RETURN_IF_ERROR(
+      CheckBufferSize("the page pool", in->num_pages, in->num_kv_heads, cfg.G, cfg.D, 2));
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("the record pool", in->num_record_blocks, in->num_kv_heads,
+                                        in->record_stride));
+  KVARN_RETURN_IF_ERROR(
+      CheckBufferSize("block_table", in->batch, in->max_blocks_per_seq, sizeof(int32_t)));
   if (in->batch > 0 &&
       (in->block_table == nullptr || in->seq_lens == nullptr || in->record_tiles == nullptr)) {
     return InvalidArgument("block_table, seq_lens or record_tiles is NULL");
@@ -146,8 +174,9 @@ Status ParseAttentionParams(const kvarn_attention_params_t* in, const Config& cf
   if (!std::isfinite(in->scale) || in->scale < 0.f) {
     return InvalidArgument("scale must be finite and >= 0 (0 = 1/sqrt(head_dim))");
   }
-  KVARN_RETURN_IF_ERROR(CheckDtype(in->q_dtype, "q_dtype"));
-  KVARN_RETURN_IF_ERROR(CheckDtype(in->out_dtype, "out_dtype"));
+  // Through references: the fields are read as integers before they are used as enums.
+  KVARN_RETURN_IF_ERROR(CheckDtypeArg(in->q_dtype, "q_dtype"));
+  KVARN_RETURN_IF_ERROR(CheckDtypeArg(in->out_dtype, "out_dtype"));
   if (in->num_splits < 0) return InvalidArgument("num_splits must be >= 0");
   AttentionArgs a;
   a.num_q_heads = in->num_q_heads;
@@ -171,6 +200,9 @@ Status OpPagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv,
     return InvalidArgument("k or v is NULL");
   }
   if (token_indptr[kv.batch] > 0 && kv.num_pages == 0) return InvalidArgument("no pages");
+  if (token_indptr[kv.batch] < 0) return InvalidArgument("token_indptr[batch] is negative");
+  KVARN_RETURN_IF_ERROR(
+      CheckBufferSize("k or v", token_indptr[kv.batch], kv.num_kv_heads, cfg.D, 4));
   return ctx->ops->paged_append(ctx, cfg, kv, token_indptr, dtype, k, v);
 }
 
@@ -202,6 +234,7 @@ Status OpAttentionWorkspace(Context* ctx, const Config& cfg, const PagedKV& kv,
                             const AttentionArgs& args, size_t total_q, size_t* bytes) {
   KVARN_RETURN_IF_ERROR(CheckContext(ctx));
   if (bytes == nullptr) return InvalidArgument("out_bytes is NULL");
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("q or out", total_q, args.num_q_heads, cfg.D, 4));
   return ctx->ops->attention_workspace(ctx, cfg, kv, args, total_q, bytes);
 }
 
@@ -212,7 +245,11 @@ Status OpPagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv,
   if (kv.batch == 0) return Status::Ok();
   if (q == nullptr || out == nullptr) return InvalidArgument("q or out is NULL");
   // q_indptr is host memory (kvarn.h), so the query count is known here.
+  if (args.q_indptr && args.q_indptr[kv.batch] < 0) {
+    return InvalidArgument("q_indptr[batch] is negative");
+  }
   const size_t total_q = args.q_indptr ? static_cast<size_t>(args.q_indptr[kv.batch]) : kv.batch;
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("q or out", total_q, args.num_q_heads, cfg.D, 4));
   size_t need = 0;
   KVARN_RETURN_IF_ERROR(ctx->ops->attention_workspace(ctx, cfg, kv, args, total_q, &need));
   if (workspace_bytes < need || (need > 0 && workspace == nullptr)) {

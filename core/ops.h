@@ -2,9 +2,25 @@
 // context's backend. The C shims and the managed cache both call these.
 #pragma once
 
+#include <cstring>
+
 #include "core/backend.h"
 
 namespace kvarn {
+
+// The integer a C caller stored in an enum argument or field. C allows any int there, but in
+// C++ loading a value outside the enum's range as the enum type is undefined behaviour, so the
+// public entry points read enums through this and check the integer before any use.
+template <typename E>
+int32_t EnumInt(const E& e) {
+  static_assert(sizeof(E) == sizeof(int32_t), "public enums are 32 bits");
+  int32_t v;
+  std::memcpy(&v, &e, sizeof v);
+  return v;
+}
+
+// INVALID_ARGUMENT naming `what` unless dtype is a kvarn_dtype_t value.
+Status CheckDtypeArg(const kvarn_dtype_t& dtype, const char* what);
 
 bool IsValidDtype(kvarn_dtype_t dtype);
 size_t DtypeSize(kvarn_dtype_t dtype);

@@ -3,16 +3,28 @@
 namespace kvarn {
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num_threads) {
-  for (int w = 1; w < num_threads_; ++w) workers_.emplace_back([this, w] { WorkerLoop(w); });
+  try {
+    workers_.reserve(num_threads_ - 1);
+    for (int w = 1; w < num_threads_; ++w) workers_.emplace_back([this, w] { WorkerLoop(w); });
+  } catch (...) {
+    // A thread could not start (or the vector could not grow): the destructor will not run,
+    // so the workers already started are stopped and joined here before the members go.
+    StopWorkers();
+    throw;
+  }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { StopWorkers(); }
+
+void ThreadPool::StopWorkers() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stop_ = true;
   }
   start_cv_.notify_all();
-  for (auto& t : workers_) t.join();
+  for (auto& t : workers_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 void ThreadPool::RunShare(int /*worker*/) {
@@ -25,7 +37,15 @@ void ThreadPool::RunShare(int /*worker*/) {
       if (next_ >= n_) return;
       i = next_++;
     }
-    (*fn_)(i);
+    try {
+      (*fn_)(i);
+    } catch (...) {
+      // Kept for the caller; the remaining items are not started.
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      next_ = n_;
+      return;
+    }
   }
 }
 
@@ -59,13 +79,21 @@ void ThreadPool::ParallelFor(size_t n, const std::function<void(size_t)>& fn) {
     n_ = n;
     next_ = 0;
     pending_ = static_cast<int>(workers_.size());
+    error_ = nullptr;
     ++generation_;
   }
   start_cv_.notify_all();
-  RunShare(0);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
-  fn_ = nullptr;
+  RunShare(0);  // never throws: exceptions of fn are kept in error_
+  std::exception_ptr error;
+  {
+    // Every worker is done with fn before it goes out of scope, whatever happened.
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    fn_ = nullptr;
+    error = error_;
+    error_ = nullptr;
+  }
+  if (error) std::rethrow_exception(error);
 }
 
 }  // namespace kvarn

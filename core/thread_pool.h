@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <cstddef>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -13,7 +14,9 @@ namespace kvarn {
 
 class ThreadPool {
  public:
-  // num_threads counts the calling thread: a pool of 1 runs everything inline.
+  // num_threads counts the calling thread: a pool of 1 runs everything inline. Throws (e.g.
+  // std::system_error, std::bad_alloc) when a worker cannot be started, after stopping and
+  // joining the workers it did start.
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
@@ -21,13 +24,16 @@ class ThreadPool {
 
   int size() const { return num_threads_; }
 
-  // Runs fn(i) for i in [0, n), spread over the pool; returns when all are done. fn must not
-  // throw. Calls from several threads at once are serialized.
+  // Runs fn(i) for i in [0, n), spread over the pool; returns when all are done. If fn throws
+  // (on any thread), no further items are started, ParallelFor waits for the items already
+  // running, then rethrows the first exception in the calling thread. Calls from several
+  // threads at once are serialized.
   void ParallelFor(size_t n, const std::function<void(size_t)>& fn);
 
  private:
   void WorkerLoop(int worker);
   void RunShare(int worker);
+  void StopWorkers();
 
   int num_threads_;
   std::vector<std::thread> workers_;
@@ -41,6 +47,7 @@ class ThreadPool {
   int pending_ = 0;
   unsigned generation_ = 0;
   bool stop_ = false;
+  std::exception_ptr error_;  // the first exception of the current ParallelFor
 };
 
 }  // namespace kvarn

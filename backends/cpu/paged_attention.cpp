@@ -147,7 +147,9 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
                              " query tokens but only " + std::to_string(kv.seq_lens[b]) +
                              " cached tokens (the queries' own keys must be appended first)");
     }
-    max_tiles = std::max<int>(max_tiles, (kv.seq_lens[b] + G - 1) / G);
+    // In 64 bits: seq_lens[b] may be INT32_MAX.
+    max_tiles =
+        static_cast<int>(std::max<int64_t>(max_tiles, (int64_t{kv.seq_lens[b]} + G - 1) / G));
   }
   const size_t total_q = static_cast<size_t>(q_begin[kv.batch]);
   const int splits = NumSplits(args, max_tiles);

@@ -3,6 +3,7 @@
 
 #include "capi/src/shim.h"
 #include "core/managed_cache.h"
+#include "core/ops.h"
 
 struct kvarn_cache {
   std::unique_ptr<kvarn::ManagedCache> impl;
@@ -89,6 +90,7 @@ kvarn_status_t kvarn_cache_append(kvarn_cache_t* cache, int64_t seq_id, int32_t 
                                   const void* v, uint32_t flags) {
   return Guard([&]() -> Status {
     KVARN_RETURN_IF_ERROR(NeedCache(cache));
+    KVARN_RETURN_IF_ERROR(kvarn::CheckDtypeArg(dtype, "dtype"));
     return cache->impl->Append(seq_id, layer, n_tokens, dtype, k, v, flags);
   });
 }

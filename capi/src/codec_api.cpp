@@ -55,15 +55,15 @@ kvarn_status_t kvarn_record_field(const kvarn_config_t* config, kvarn_record_fie
   return Guard([&]() -> Status {
     Config c;
     KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
-    if (field < 0 || field >= KVARN_FIELD_COUNT) {
-      return kvarn::InvalidArgument("field " + std::to_string(static_cast<int>(field)) +
-                                    " out of range");
+    const int32_t f = kvarn::EnumInt(field);  // checked as an integer first (kvarn.h)
+    if (f < 0 || f >= KVARN_FIELD_COUNT) {
+      return kvarn::InvalidArgument("field " + std::to_string(f) + " out of range");
     }
     if (out_offset == nullptr || out_bytes == nullptr) {
       return kvarn::InvalidArgument("out_offset or out_bytes is NULL");
     }
-    *out_offset = c.layout.offset[field];
-    *out_bytes = c.layout.bytes[field];
+    *out_offset = c.layout.offset[f];
+    *out_bytes = c.layout.bytes[f];
     return Status::Ok();
   });
 }
@@ -73,6 +73,8 @@ kvarn_status_t kvarn_rotate(kvarn_context_t* context, int32_t head_dim, size_t n
                             void* out) {
   return Guard([&]() -> Status {
     KVARN_RETURN_IF_ERROR(NeedContext(context));
+    KVARN_RETURN_IF_ERROR(kvarn::CheckDtypeArg(in_dtype, "in_dtype"));
+    KVARN_RETURN_IF_ERROR(kvarn::CheckDtypeArg(out_dtype, "out_dtype"));
     return kvarn::OpRotate(context->impl.get(), head_dim, n_rows, in_dtype, in, out_dtype, out);
   });
 }
@@ -84,6 +86,7 @@ kvarn_status_t kvarn_quantize(kvarn_context_t* context, const kvarn_config_t* co
     KVARN_RETURN_IF_ERROR(NeedContext(context));
     Config c;
     KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
+    KVARN_RETURN_IF_ERROR(kvarn::CheckDtypeArg(dtype, "dtype"));
     return kvarn::OpQuantize(context->impl.get(), c, n_tiles, dtype, k, v, flags, records,
                              record_stride);
   });
@@ -96,6 +99,7 @@ kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_config_t* 
     KVARN_RETURN_IF_ERROR(NeedContext(context));
     Config c;
     KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
+    KVARN_RETURN_IF_ERROR(kvarn::CheckDtypeArg(out_dtype, "out_dtype"));
     return kvarn::OpDequantize(context->impl.get(), c, n_tiles, records, record_stride, flags,
                                out_dtype, k_out, v_out);
   });
@@ -103,7 +107,13 @@ kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_config_t* 
 
 kvarn_status_t kvarn_baseline_roundtrip(kvarn_baseline_t method, int32_t bits, size_t rows,
                                         int32_t cols, const float* in, float* out) {
-  return Guard([&] { return kvarn::BaselineRoundtrip(method, bits, rows, cols, in, out); });
+  return Guard([&]() -> Status {
+    const int32_t m = kvarn::EnumInt(method);
+    if (m != KVARN_BASELINE_PER_TOKEN_RTN && m != KVARN_BASELINE_FP8_E4M3) {
+      return kvarn::InvalidArgument("unknown baseline method " + std::to_string(m));
+    }
+    return kvarn::BaselineRoundtrip(method, bits, rows, cols, in, out);
+  });
 }
 
 }  // extern "C"

@@ -4,6 +4,7 @@
 
 #include "backends/cpu/cpu_isa.h"
 #include "capi/src/shim.h"
+#include "core/ops.h"
 
 using kvarn::Status;
 using kvarn::capi::Guard;
@@ -43,7 +44,7 @@ kvarn_status_t kvarn_backend_get_info(int32_t index, kvarn_backend_info_t* info)
 }
 
 const char* kvarn_backend_name(kvarn_backend_t backend) {
-  switch (backend) {
+  switch (kvarn::EnumInt(backend)) {  // an integer: C callers may pass any value
     case KVARN_BACKEND_AUTO:
       return "auto";
     case KVARN_BACKEND_CPU:
@@ -57,7 +58,18 @@ const char* kvarn_backend_name(kvarn_backend_t backend) {
   }
 }
 
-const char* kvarn_cpu_isa_name(kvarn_cpu_isa_t isa) { return kvarn::cpu::IsaName(isa); }
+const char* kvarn_cpu_isa_name(kvarn_cpu_isa_t isa) {
+  switch (kvarn::EnumInt(isa)) {
+    case KVARN_CPU_ISA_SCALAR:
+    case KVARN_CPU_ISA_AVX2:
+    case KVARN_CPU_ISA_AVX512:
+    case KVARN_CPU_ISA_NEON:
+    case KVARN_CPU_ISA_NONE:
+      return kvarn::cpu::IsaName(isa);
+    default:
+      return "unknown";
+  }
+}
 
 kvarn_cpu_isa_t kvarn_cpu_isa_best(void) { return kvarn::cpu::BestIsa(); }
 
@@ -77,7 +89,13 @@ kvarn_status_t kvarn_cpu_features(char* buf, size_t buf_bytes) {
 }
 
 kvarn_status_t kvarn_set_max_cpu_isa(kvarn_cpu_isa_t isa) {
-  return Guard([&] { return kvarn::cpu::SetMaxIsa(isa); });
+  return Guard([&]() -> Status {
+    const int32_t v = kvarn::EnumInt(isa);
+    if (v < KVARN_CPU_ISA_SCALAR || v > KVARN_CPU_ISA_NEON) {
+      return kvarn::InvalidArgument("unknown CPU ISA value " + std::to_string(v));
+    }
+    return kvarn::cpu::SetMaxIsa(isa);
+  });
 }
 
 void kvarn_context_options_defaults(kvarn_context_options_t* o) {
@@ -104,6 +122,10 @@ kvarn_status_t kvarn_context_create(const kvarn_context_options_t* options,
       o = *options;
     }
     if (o.num_threads < 0) return kvarn::InvalidArgument("num_threads must be >= 0");
+    const int32_t backend = kvarn::EnumInt(o.backend);
+    if (backend < KVARN_BACKEND_AUTO || backend > KVARN_BACKEND_ROCM) {
+      return kvarn::InvalidArgument("unknown backend value " + std::to_string(backend));
+    }
     auto handle = std::make_unique<kvarn_context>();
     KVARN_RETURN_IF_ERROR(kvarn::CreateContext(o, &handle->impl));
     *out_context = handle.release();
@@ -178,7 +200,7 @@ kvarn_status_t kvarn_memory_copy(kvarn_context_t* c, void* dst, const void* src,
   return Guard([&]() -> Status {
     KVARN_RETURN_IF_ERROR(NeedContext(c));
     kvarn::CopyKind k;
-    switch (kind) {
+    switch (kvarn::EnumInt(kind)) {
       case KVARN_COPY_HOST_TO_DEVICE:
         k = kvarn::CopyKind::kHostToDevice;
         break;
@@ -189,8 +211,7 @@ kvarn_status_t kvarn_memory_copy(kvarn_context_t* c, void* dst, const void* src,
         k = kvarn::CopyKind::kDeviceToDevice;
         break;
       default:
-        return kvarn::InvalidArgument("unknown copy kind " +
-                                      std::to_string(static_cast<int>(kind)));
+        return kvarn::InvalidArgument("unknown copy kind " + std::to_string(kvarn::EnumInt(kind)));
     }
     if (bytes == 0) return Status::Ok();
     if (dst == nullptr || src == nullptr) return kvarn::InvalidArgument("dst or src is NULL");

@@ -50,6 +50,7 @@ kvarn_status_t kvarn_paged_append(kvarn_context_t* context, const kvarn_config_t
     Config c;
     PagedKV p;
     KVARN_RETURN_IF_ERROR(ParseCommon(context, config, kv, &c, &p));
+    KVARN_RETURN_IF_ERROR(kvarn::CheckDtypeArg(dtype, "dtype"));
     return kvarn::OpPagedAppend(context->impl.get(), c, p, token_indptr, dtype, k, v);
   });
 }

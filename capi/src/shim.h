@@ -5,6 +5,7 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <stdexcept>
 
 #include "core/backend.h"
 #include "core/status.h"
@@ -18,8 +19,26 @@ namespace kvarn {
 namespace capi {
 
 // Records `st` as this thread's last error (or clears it) and returns its code.
-kvarn_status_t Report(const Status& st);
+kvarn_status_t Report(const Status& st) noexcept;
 const char* LastErrorText();
+
+// Record a status from inside a catch handler without letting a second exception escape (the
+// message may not fit in memory: Report then falls back to the static status string).
+inline kvarn_status_t ReportOutOfMemory() noexcept {
+  try {
+    return Report(Status(KVARN_ERR_OUT_OF_MEMORY, "out of memory"));
+  } catch (...) {
+    return Report(Status(KVARN_ERR_OUT_OF_MEMORY, std::string()));
+  }
+}
+
+inline kvarn_status_t ReportInternal(const char* what) noexcept {
+  try {
+    return Report(Status(KVARN_ERR_INTERNAL, std::string("internal error: ") + what));
+  } catch (...) {
+    return Report(Status(KVARN_ERR_INTERNAL, std::string()));
+  }
+}
 
 // Runs fn() -> Status, turning any exception into a status.
 template <typename Fn>
@@ -27,11 +46,13 @@ kvarn_status_t Guard(Fn&& fn) noexcept {
   try {
     return Report(fn());
   } catch (const std::bad_alloc&) {
-    return Report(Status(KVARN_ERR_OUT_OF_MEMORY, "out of memory"));
+    return ReportOutOfMemory();
+  } catch (const std::length_error&) {
+    return ReportOutOfMemory();  // a container asked for more than its max_size()
   } catch (const std::exception& e) {
-    return Report(Status(KVARN_ERR_INTERNAL, std::string("internal error: ") + e.what()));
+    return ReportInternal(e.what());
   } catch (...) {
-    return Report(Status(KVARN_ERR_INTERNAL, "internal error: unknown exception"));
+    return ReportInternal("unknown exception");
   }
 }
 

@@ -8,18 +8,27 @@ namespace kvarn {
 namespace capi {
 namespace {
 thread_local std::string g_last_error;
-}
+// Set when the message could not be stored (no memory): kvarn_last_error then returns the
+// status string, which needs no allocation.
+thread_local const char* g_static_error = nullptr;
+}  // namespace
 
-kvarn_status_t Report(const Status& st) {
+kvarn_status_t Report(const Status& st) noexcept {
+  g_static_error = nullptr;
   if (st.ok()) {
     g_last_error.clear();
-  } else {
+    return KVARN_OK;
+  }
+  try {
     g_last_error = st.message().empty() ? kvarn_status_string(st.code()) : st.message();
+  } catch (...) {
+    g_last_error.clear();
+    g_static_error = kvarn_status_string(st.code());
   }
   return st.code();
 }
 
-const char* LastErrorText() { return g_last_error.c_str(); }
+const char* LastErrorText() { return g_static_error ? g_static_error : g_last_error.c_str(); }
 
 }  // namespace capi
 }  // namespace kvarn
@@ -40,7 +49,7 @@ const char* kvarn_version_string(void) {
 uint32_t kvarn_abi_version(void) { return KVARN_ABI_VERSION; }
 
 const char* kvarn_status_string(kvarn_status_t s) {
-  switch (s) {
+  switch (kvarn::EnumInt(s)) {  // an integer: C callers may pass any value
     case KVARN_OK:
       return "ok";
     case KVARN_ERR_INVALID_ARGUMENT:
@@ -78,6 +87,9 @@ const char* kvarn_status_string(kvarn_status_t s) {
 
 const char* kvarn_last_error(void) { return kvarn::capi::LastErrorText(); }
 
-size_t kvarn_dtype_size(kvarn_dtype_t dtype) { return kvarn::DtypeSize(dtype); }
+size_t kvarn_dtype_size(kvarn_dtype_t dtype) {
+  const int32_t v = kvarn::EnumInt(dtype);  // an integer: C callers may pass any value
+  return v >= KVARN_DTYPE_F32 && v <= KVARN_DTYPE_BF16 ? kvarn::DtypeSize(dtype) : 0;
+}
 
 }  // extern "C"

@@ -12,8 +12,23 @@
  *
  * ABI rules: every fallible call returns kvarn_status_t (0 = OK) and sets a thread-local message
  * readable with kvarn_last_error(). No call aborts the process on bad input. A failing call
- * changes nothing it was given to write (outputs and caches are left as they were). Option structs
- * start with a `size` field and are initialized by their *_defaults() function.
+ * changes nothing it was given to write (outputs and caches are left as they were); running out
+ * of memory is such a failure (KVARN_ERR_OUT_OF_MEMORY). Enum arguments and fields are read as
+ * integers: a value outside its enumeration gives KVARN_ERR_INVALID_ARGUMENT (or "unknown" / 0
+ * from the calls that cannot fail). Sizes formed from arguments are computed with overflow
+ * checks. Option structs start with a `size` field and are initialized by their *_defaults()
+ * function.
+ *
+ * Threads: kvarn_last_error() is per thread; kvarn_set_max_cpu_isa() is process-wide and may be
+ * called from any thread. A context (kvarn_context_t) may be used by one thread at a time: calls
+ * that name the same context, directly or through a cache created on it, must not overlap in
+ * time; it may move between threads between calls. Different contexts are independent and may
+ * be used from different threads at once (one context per thread is the way to concurrency). A
+ * cache (kvarn_cache_t) serializes its own calls with a lock, so one cache may be called from
+ * several threads; as its calls use its context, no other call may use that context meanwhile.
+ * Destroying a context or cache must not overlap any call on it (or, for a context, on its
+ * caches). The stateless calls (config, record layout, names, versions, baselines) may be
+ * called from any thread at any time.
  *
  * Memory: "host" pointers are ordinary process memory. For a context on a GPU backend, tensor
  * pointers are device pointers of the context's device, and `stream` is a cudaStream_t /
@@ -302,7 +317,11 @@ KVARN_API kvarn_status_t kvarn_quantize(kvarn_context_t* context, const kvarn_co
 /* Reconstructs tiles from records: K'[t,d] = (code*a_d + z_d)*c_t, V'[t,d] = (code*a'_t +
  * z'_t)*c'_d, then un-rotates (unless KVARN_CODEC_CACHE_FRAME or the tensor was not rotated).
  * records: n_tiles records record_stride bytes apart; k_out, v_out: [n_tiles][G][D] of out_dtype
- * (either may be NULL to skip it). */
+ * (either may be NULL to skip it).
+ * Records are not validated: any bytes are read safely, but scale or zero fields holding NaN or
+ * Inf (which kvarn_quantize never writes) give NaN or Inf in the outputs they reach (after
+ * un-rotation, the whole row), with KVARN_OK; so does attention over such records (the output
+ * rows of the queries that see them). kvarn_cache_import_sequence refuses such records. */
 KVARN_API kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_config_t* config,
                                           size_t n_tiles, const void* records, size_t record_stride,
                                           uint32_t flags, kvarn_dtype_t out_dtype, void* k_out,
@@ -429,12 +448,20 @@ typedef struct kvarn_cache_options {
   kvarn_config_t config; /* the quantization config (default: kvarn_config_defaults) */
   int32_t num_layers;    /* >= 1 (default 1) */
   int32_t num_kv_heads;  /* Hk >= 1 (default 8) */
-  int64_t max_tokens;    /* capacity in tokens over all sequences (default 65536) */
+  int64_t max_tokens;    /* size of the record pool, in tokens (default 65536): see below */
   int32_t max_sequences; /* (default 256) */
 } kvarn_cache_options_t;
 
 KVARN_API void kvarn_cache_options_defaults(kvarn_cache_options_t* options);
-/* Creates a cache on the context's backend/device. The context must outlive the cache. */
+/* Creates a cache on the context's backend/device. The context must outlive the cache.
+ * Capacity, per layer: max_tokens sizes the record pool, ceil(max_tokens / tile_tokens) record
+ * tiles shared by all sequences (a forked prefix counts once). It is not a cap on tokens: the
+ * sink tiles and the fp16 tail of each sequence (committed or speculative) live in a separate
+ * page pool of max_sequences * (sink_tiles + 2) tiles, so a layer can hold up to that many more
+ * tiles of tokens (with max_tokens = 1, G = 64 and one sink tile, one sequence holds 191 tokens).
+ * An append or commit that needs a record tile or a page beyond these pools fails with
+ * KVARN_ERR_CAPACITY and changes nothing. max_tokens whose pools do not fit in 2^30 record tiles
+ * (or pages) fail with KVARN_ERR_CAPACITY. */
 KVARN_API kvarn_status_t kvarn_cache_create(kvarn_context_t* context,
                                             const kvarn_cache_options_t* options,
                                             kvarn_cache_t** out_cache);
@@ -507,7 +534,10 @@ KVARN_API kvarn_status_t kvarn_cache_export_sequence(const kvarn_cache_t* cache,
                                                      size_t* out_bytes);
 /* Adds sequence seq_id from a blob made by kvarn_cache_export_sequence on a cache of the same
  * config, layers and KV heads. Truncated, corrupted or foreign blobs give KVARN_ERR_CORRUPT_DATA
- * and change nothing. blob: host memory. */
+ * and change nothing; so do blobs whose checksum matches but whose contents append would refuse
+ * (sizes or lengths that do not add up, NaN/Inf fp16 token values, non-zero bytes past the end
+ * of the sequence, non-finite record scales or zeros). The checksum detects accidents, not
+ * tampering: only blob_bytes bytes of blob are ever read. blob: host memory. */
 KVARN_API kvarn_status_t kvarn_cache_import_sequence(kvarn_cache_t* cache, int64_t seq_id,
                                                      const void* blob, size_t blob_bytes);
 
