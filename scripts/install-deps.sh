@@ -30,6 +30,8 @@ packages=(
   bindgen
   default-jdk-headless
   junit5
+  clang
+  libclang-rt-14-dev
 )
 # Rust bindings (KVARN_BUILD_RUST): Debian's cargo and rustc only when no cargo is on PATH
 # already (a rustup toolchain is kept); bindgen above regenerates kvarn-sys for its check.

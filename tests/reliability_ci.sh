@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The reliability jobs of .ci/run (issue 15). What they cover, what they cost and what they
+# found: docs/RELIABILITY.md.
+#   1. ASan + UBSan (preset cpu-asan, GCC): the whole CPU suite except the labels slow (128k
+#      contexts), style, neon (the qemu cross build) and abi (install and header checks), which
+#      the main job runs.
+#   2. TSan (preset cpu-tsan, GCC): the labels cache and reliability (the fault-injection test
+#      with 2 threads only: the 1-thread variant takes 2.5 min under TSan and has no second
+#      thread) and the attention tests that vary thread count and splits.
+#   3. libFuzzer (preset fuzz, clang): each target for KVARN_FUZZ_SECONDS (default 60) from its
+#      seed corpus; skipped with a message when clang++ is missing.
+# KVARN_CI_RELIABILITY=0 skips them all (a quick local run of .ci/run).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if [[ "${KVARN_CI_RELIABILITY:-1}" == "0" ]]; then
+  echo "reliability: KVARN_CI_RELIABILITY=0, skipped"
+  exit 0
+fi
+
+step() { echo "== reliability: $* ($(date -u +%H:%M:%S))"; }
+no_extras=(-DKVARN_BUILD_BENCH=OFF -DKVARN_BUILD_EXAMPLES=OFF)
+
+step "ASan + UBSan, CPU suite"
+cmake --preset cpu-asan "${no_extras[@]}"
+cmake --build --preset cpu-asan
+ctest --preset cpu-asan -LE 'slow|style|neon|abi'
+
+step "TSan, threaded suites"
+cmake --preset cpu-tsan "${no_extras[@]}" -DKVARN_BUILD_TOOLS=OFF
+cmake --build --preset cpu-tsan --target test_managed_cache test_concurrency test_reliability \
+  test_fault_injection test_enum_ranges kvarn_test_paged_attention kvarn_test_paged_cache
+ctest --preset cpu-tsan -L 'cache|reliability' -E 'FaultInjection.*/1_threads'
+ctest --preset cpu-tsan -R '^(AttentionDeterminism|AttentionSplits)\.'
+
+step "libFuzzer targets"
+if command -v clang++ >/dev/null 2>&1; then
+  cmake --preset fuzz
+  cmake --build --preset fuzz
+  ctest --preset fuzz
+else
+  echo "reliability: clang++ not found, fuzzers skipped (scripts/install-deps.sh installs clang)"
+fi
+step "done"
