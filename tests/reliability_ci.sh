@@ -25,13 +25,13 @@ no_extras=(-DKVARN_BUILD_BENCH=OFF -DKVARN_BUILD_EXAMPLES=OFF)
 step "ASan + UBSan, CPU suite"
 cmake --preset cpu-asan "${no_extras[@]}"
 cmake --build --preset cpu-asan
-ctest --preset cpu-asan -LE 'slow|style|neon|abi'
+ctest --preset cpu-asan -LE '^(slow|style|neon|abi)$'
 
 step "TSan, threaded suites"
 cmake --preset cpu-tsan "${no_extras[@]}" -DKVARN_BUILD_TOOLS=OFF
 cmake --build --preset cpu-tsan --target test_managed_cache test_concurrency test_reliability \
   test_fault_injection test_enum_ranges kvarn_test_paged_attention kvarn_test_paged_cache
-ctest --preset cpu-tsan -L 'cache|reliability' -E 'FaultInjection.*/1_threads'
+ctest --preset cpu-tsan -L '^(cache|reliability)$' -E 'FaultInjection.*/1_threads'
 ctest --preset cpu-tsan -R '^(AttentionDeterminism|AttentionSplits)\.'
 
 step "libFuzzer targets"
