@@ -179,6 +179,21 @@ std::vector<Case> Cases() {
     cs.push_back(c);
   }
   {
+    // One split per sequence: the tensor-core kernel's record ring wraps its stages many times
+    // (G 128: two warps per record; G 64: one), decode and extend.
+    Case c;
+    c.name = "k4v2_g128_ring_one_split";
+    c.lens = {20000 + 33, 5000};
+    c.q_lens = {3, 1};
+    c.splits = 1;
+    cs.push_back(c);
+    c.name = "k4v2_g64_ring_one_split";
+    c.preset = "k4v2_g64";
+    c.lens = {9000 + 5, 777};
+    c.q_lens = {};
+    cs.push_back(c);
+  }
+  {
     Case c;
     c.name = "long128k_decode";
     c.Hk = 1;
@@ -253,6 +268,33 @@ TEST(CudaAttentionErrors, BadBlockTableEntryIsReportedAtSynchronize) {
   EXPECT_NE(std::string(run.message()).find("block_table"), std::string::npos) << run.message();
   // The sticky error is cleared once reported.
   EXPECT_EQ(kvarn_context_synchronize(gpu.get()), KVARN_OK) << kvarn_last_error();
+}
+
+// A bad record entry deep inside one long split: the ring skips that tile (its stage is
+// released without a copy) and goes on; the launch neither hangs nor reads out of bounds.
+TEST(CudaAttentionErrors, BadEntryInsideALongSplitIsSkippedAndReported) {
+  KVT_CUDA_CONTEXT_OR_SKIP(gpu);
+  auto cpu = kvt::MakeCpuContext();
+  kvt::Rng rng(79);
+  for (const char* preset : {"k4v2_g128", "k4v2_g64"}) {
+    const kvarn_config_t cfg = kvt::PresetConfig(preset, 128);
+    kvt::PagedCacheSpec spec;
+    spec.lens = {12000};
+    spec.max_chunk = 1500;
+    spec.stride_padding = 16;  // 16-byte records: the tensor-core kernel
+    kvt::PagedCache pc;
+    ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg, spec, rng, &pc));
+    pc.block_table[41] = -3;
+    pc.block_table[42] = pc.num_blocks;
+    DeviceCache dc(gpu.get(), pc);
+    const kvt::Queries q = kvt::MakeQueries(rng, {}, 1, 8, 128, KVARN_DTYPE_F32);
+    kvt::AttnOutput r;
+    const ::testing::AssertionResult run =
+        RunCuda(gpu.get(), dc, pc, q, 8, KVARN_DTYPE_F32, 1, 0.f, &r);
+    ASSERT_FALSE(run) << preset;
+    EXPECT_NE(std::string(run.message()).find("block_table"), std::string::npos) << run.message();
+    EXPECT_EQ(kvarn_context_synchronize(gpu.get()), KVARN_OK) << kvarn_last_error();
+  }
 }
 
 TEST(CudaAttentionErrors, SmallWorkspaceIsRejected) {

@@ -461,36 +461,62 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
   }
 }
 
-// Merges the splits of one output row (query token, query head) by log-sum-exp.
+// Programmatic dependent launch (sm_90): the merge kernel is launched while the attention grid
+// drains, and waits for its completion (and memory) before reading the partials.
+__device__ __forceinline__ void LaunchDependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void WaitForPrimaryGrid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+// Sum or maximum over the CTA (kThreads threads), the result in every thread.
+template <bool kMax>
+__device__ __forceinline__ float BlockReduce(float x, float* scratch) {
+  for (int o = kWarpSize / 2; o > 0; o /= 2) {
+    const float y = __shfl_xor_sync(0xffffffffu, x, o);
+    x = kMax ? fmaxf(x, y) : x + y;
+  }
+  __syncthreads();  // scratch may still be read by a previous reduction
+  if (threadIdx.x % kWarpSize == 0) scratch[threadIdx.x / kWarpSize] = x;
+  __syncthreads();
+  x = scratch[0];
+  for (int w = 1; w < kThreads / kWarpSize; ++w) x = kMax ? fmaxf(x, scratch[w]) : x + scratch[w];
+  return x;
+}
+
+// Merges the splits of one output row (query token, query head) by log-sum-exp: thread s
+// weighs split s (splits <= 64 < kThreads), then each thread sums its channels over the splits.
 __global__ void __launch_bounds__(kThreads) MergeKernel(AttnParams P, int rows_total) {
+  WaitForPrimaryGrid();
   extern __shared__ __align__(16) unsigned char smem_raw[];
   float* o = reinterpret_cast<float*>(smem_raw);  // [D]
   __shared__ float w_s[64];
-  __shared__ float denom;
+  __shared__ float scratch[kThreads / kWarpSize];
   const int row = blockIdx.x;
   if (row >= rows_total) return;
-  const int D = P.D;
-  const float* ml = P.part_ml + static_cast<size_t>(row) * P.splits * 2;
-  if (threadIdx.x == 0) {
-    float M = -INFINITY;
-    for (int s = 0; s < P.splits; ++s) M = fmaxf(M, ml[2 * s]);
-    float L = 0.f;
-    for (int s = 0; s < P.splits; ++s) {
-      const float w = ml[2 * s] == -INFINITY ? 0.f : __expf(ml[2 * s] - M);
-      w_s[s] = w;
-      L += ml[2 * s + 1] * w;
-    }
-    denom = L;
-    if (P.lse) P.lse[row] = M + logf(L);
-  }
-  __syncthreads();
+  const int D = P.D, splits = P.splits, s = threadIdx.x;
+  const float* ml = P.part_ml + static_cast<size_t>(row) * splits * 2;
+  const float m = s < splits ? ml[2 * s] : -INFINITY;
+  const float l = s < splits ? ml[2 * s + 1] : 0.f;
+  const float M = BlockReduce<true>(m, scratch);
+  const float w = m == -INFINITY ? 0.f : __expf(m - M);
+  if (s < splits) w_s[s] = w;
+  const float L = BlockReduce<false>(l * w, scratch);  // also orders the w_s stores
+  if (P.lse && s == 0) P.lse[row] = M + logf(L);
+  const float* part = P.part_acc + static_cast<size_t>(row) * splits * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
     float acc = 0.f;
-    for (int s = 0; s < P.splits; ++s) {
-      if (w_s[s] != 0.f)
-        acc += P.part_acc[(static_cast<size_t>(row) * P.splits + s) * D + d] * w_s[s];
+#pragma unroll 8
+    for (int k = 0; k < splits; ++k) {
+      const float x = part[static_cast<size_t>(k) * D + d];
+      acc += w_s[k] == 0.f ? 0.f : x * w_s[k];  // an empty split's partial is never read as NaN
     }
-    o[d] = denom > 0.f ? acc / denom : 0.f;
+    o[d] = L > 0.f ? acc / L : 0.f;
   }
   if (P.v_rotate) BlockFwht(o, 1, D, P.log2D);
   __syncthreads();
@@ -763,9 +789,18 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
     KVARN_RETURN_IF_ERROR(LaunchGeneric(st, cfg, P, grid));
   }
   if (plan.splits > 1) {
-    MergeKernel<<<static_cast<unsigned>(plan.rows_total), kThreads, cfg.D * sizeof(float),
-                  st->stream>>>(P, static_cast<int>(plan.rows_total));
-    KVARN_RETURN_IF_ERROR(CheckLaunch("MergeKernel"));
+    cudaLaunchConfig_t lc{};
+    lc.gridDim = dim3(static_cast<unsigned>(plan.rows_total));
+    lc.blockDim = dim3(kThreads);
+    lc.dynamicSmemBytes = cfg.D * sizeof(float);
+    lc.stream = st->stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    lc.attrs = attr;
+    lc.numAttrs = st->cc_major >= 9 ? 1 : 0;
+    KVARN_CUDA_RETURN_IF_ERROR(
+        cudaLaunchKernelEx(&lc, MergeKernel, P, static_cast<int>(plan.rows_total)));
   }
   return Status::Ok();
 }

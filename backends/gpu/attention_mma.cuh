@@ -51,41 +51,54 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// sm_90 bulk copies completing on mbarriers (one arrival: the issuing thread's, plus the bytes).
-__device__ __forceinline__ void BarrierInit(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(SmemAddr(bar)) : "memory");
+// mbarriers (sm_80+) order the ring: a stage's `full` barrier completes when its record has
+// landed, its `empty` barrier when every warp that reads it is done.
+__device__ __forceinline__ void BarrierInit(uint64_t* bar, int count) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("mbarrier.init.shared.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count) : "memory");
 #endif
 }
-// Makes the initialized barriers visible to the copy engine (the async proxy).
+// Makes initialized barriers visible to the copy engine (the async proxy); then a CTA barrier.
 __device__ __forceinline__ void BarrierInitFence() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
 #endif
 }
 __device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(
+                   SmemAddr(bar))
+               : "memory");
 #endif
 }
 __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   uint32_t done = 0;
   do {
+#if __CUDA_ARCH__ >= 900
     asm volatile(
-        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared.b64 p, [%1], %2;\n"
         " selp.u32 %0, 1, 0, p;\n}\n"
         : "=r"(done)
         : "r"(SmemAddr(bar)), "r"(parity)
         : "memory");
+#else
+    asm volatile(
+        "{\n .reg .pred p;\n mbarrier.test_wait.parity.shared.b64 p, [%1], %2;\n"
+        " selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(SmemAddr(bar)), "r"(parity)
+        : "memory");
+#endif
   } while (!done);
 #endif
 }
-// Copies `bytes` (a multiple of 16, both addresses 16-byte aligned) and arrives on `bar`.
+// sm_90: copies `bytes` (a multiple of 16, both addresses 16-byte aligned) with the bulk copy
+// engine; the thread's arrival on `bar` (count 1) expects those bytes.
 __device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t bytes,
                                          uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),
+  asm volatile("mbarrier.arrive.expect_tx.shared.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),
                "r"(bytes)
                : "memory");
   asm volatile(
@@ -95,23 +108,18 @@ __device__ __forceinline__ void BulkCopy(void* dst, const void* src, uint32_t by
       : "memory");
 #endif
 }
-
-// sm_80 path: the CTA's threads copy 16 bytes each, one commit group per CTA iteration.
+// sm_80: 16 bytes per thread with cp.async; CpAsyncArrive makes the completion of this thread's
+// copies its arrival on `bar` (whose count includes one arrival per copying thread).
 __device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(SmemAddr(dst)), "l"(src)
                : "memory");
 #endif
 }
-__device__ __forceinline__ void CpAsyncCommit() {
+__device__ __forceinline__ void CpAsyncArrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(SmemAddr(bar))
+               : "memory");
 #endif
 }
 
@@ -131,12 +139,15 @@ __device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// Two codes (bits [shift, shift+bits) of bytes 0 and 2 of z) as the exact fp16 pair
-// (1024 + code): the 1024 is never subtracted per element; each product sums it into the
-// accumulator once per k, and the caller removes 1024 * (sum of the other operand) in fp32.
-template <int kMask>
-__device__ __forceinline__ uint32_t BiasedCodes(uint32_t z, int shift) {
-  return ((z >> shift) & (kMask * 0x00010001u)) | 0x64006400u;
+// Two codes (the bits kMask selects in bytes 0 and 2 of z) as the exact fp16 pair
+// (1024 + code * 2^shift), one LOP3: the codes are not shifted down, so a fragment row whose
+// codes sit at bit `shift` comes out of the product scaled by 2^shift and the caller divides
+// (exact: a power of two). The 1024 is never subtracted per element either; each product sums
+// it into the accumulator once per k, and the caller removes 1024 * (sum of the other operand)
+// in fp32.
+template <uint32_t kMask>
+__device__ __forceinline__ uint32_t BiasedCodes(uint32_t z) {
+  return (z & (kMask * 0x00010001u)) | 0x64006400u;
 }
 constexpr float kCodeBias = 1024.f;
 
@@ -191,15 +202,24 @@ struct WarpState {
   float acc[kKChunks][4];  // O^T fragments: m-tile mt, (channel, row) pairs as in Mma16816
 };
 
-// Scores of one tile into s (C fragments of TM m-tiles), with masking and softmax; writes
+// What a record's scores need besides the products, for rows n = 2c, 2c+1: the token scales
+// and the offsets of low-nibble tokens (qzl = sum q z - 1024 sum q a) and of high-nibble tokens,
+// whose products come 16x scaled (qzh = sum q z - 1024 sum q a / 16).
+struct ScoreTerms {
+  float qzl[2], qzh[2];
+};
+constexpr float kHiNibble = 1.f / 16.f;
+
+// Scores of one window into s (C fragments of TM m-tiles), with masking and softmax; writes
 // p * a'_t (or p) for rows n = 2c, 2c+1 to the warp's P buffer and returns in alpha the
-// rescale factors and in pz the value-zero sums of the two rows.
+// rescale factors, in pzz the value-zero sums sum p z'_t and in pb the code bias of the value
+// product, 1024 * sum of the fp16 P operand, of the two rows (both 0 for pages).
 template <int TM>
 __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 * TM],
                                         const float (&va)[2 * TM], const float (&vz)[2 * TM],
-                                        bool is_record, float qz0, float qz1, int key0, int lim0,
+                                        bool is_record, const ScoreTerms& T, int key0, int lim0,
                                         int lim1, int g, int c, WarpState& W, __half* pbuf,
-                                        float (&alpha)[2], float (&pz)[2]) {
+                                        float (&alpha)[2], float (&pzz)[2], float (&pb)[2]) {
   float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
   for (int j = 0; j < TM; ++j) {
@@ -209,8 +229,13 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
       const int key = key0 + t;
       float a = s[j][2 * e], b = s[j][2 * e + 1];
       if (is_record) {
-        a = ct[2 * j + e] * (a + qz0);
-        b = ct[2 * j + e] * (b + qz1);
+        if (e == 0) {
+          a = ct[2 * j] * (a + T.qzl[0]);
+          b = ct[2 * j] * (b + T.qzl[1]);
+        } else {
+          a = ct[2 * j + 1] * fmaf(a, kHiNibble, T.qzh[0]);
+          b = ct[2 * j + 1] * fmaf(b, kHiNibble, T.qzh[1]);
+        }
       }
       a = key < lim0 ? a : -INFINITY;
       b = key < lim1 ? b : -INFINITY;
@@ -230,7 +255,7 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
   alpha[1] = W.m[1] == -INFINITY ? 0.f : exp2f(W.m[1] - mn1);
   W.m[0] = mn0;
   W.m[1] = mn1;
-  float sum0 = 0.f, sum1 = 0.f, z0 = 0.f, z1 = 0.f;
+  float sum0 = 0.f, sum1 = 0.f, z0 = 0.f, z1 = 0.f, b0 = 0.f, b1 = 0.f;
   uint32_t packed0[TM], packed1[TM];
 #pragma unroll
   for (int j = 0; j < TM; ++j) {
@@ -246,10 +271,12 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
       const float a0 = va[2 * j], a1 = va[2 * j + 1];
       packed0[j] = PackHalf2(p[0] * a0, p[2] * a1);
       packed1[j] = PackHalf2(p[1] * a0, p[3] * a1);
-      // The value-zero term, minus the code bias times the rounded B operand (see BiasedCodes).
+      // The value-zero term, and the code bias: the rounded B operand (see BiasedCodes).
       const float2 r0 = Half2AsFloat2(packed0[j]), r1 = Half2AsFloat2(packed1[j]);
-      z0 += p[0] * vz[2 * j] + p[2] * vz[2 * j + 1] - kCodeBias * (r0.x + r0.y);
-      z1 += p[1] * vz[2 * j] + p[3] * vz[2 * j + 1] - kCodeBias * (r1.x + r1.y);
+      z0 += p[0] * vz[2 * j] + p[2] * vz[2 * j + 1];
+      z1 += p[1] * vz[2 * j] + p[3] * vz[2 * j + 1];
+      b0 += r0.x + r0.y;
+      b1 += r1.x + r1.y;
     } else {
       packed0[j] = PackHalf2(p[0], p[2]);
       packed1[j] = PackHalf2(p[1], p[3]);
@@ -261,9 +288,13 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
   for (int o = 4; o < 32; o *= 2) {
     z0 += __shfl_xor_sync(0xffffffffu, z0, o);
     z1 += __shfl_xor_sync(0xffffffffu, z1, o);
+    b0 += __shfl_xor_sync(0xffffffffu, b0, o);
+    b1 += __shfl_xor_sync(0xffffffffu, b1, o);
   }
-  pz[0] = z0;
-  pz[1] = z1;
+  pzz[0] = z0;
+  pzz[1] = z1;
+  pb[0] = kCodeBias * b0;
+  pb[1] = kCodeBias * b1;
   // Rows 2c and 2c+1, tokens 2*TM*g .. 2*TM*g + 2*TM - 1 (16-byte stores).
   uint4* r0 = reinterpret_cast<uint4*>(pbuf + (2 * c) * kPStride + 2 * TM * g);
   uint4* r1 = reinterpret_cast<uint4*>(pbuf + (2 * c + 1) * kPStride + 2 * TM * g);
@@ -279,39 +310,55 @@ __device__ __forceinline__ float HalfIn(const uint8_t* base, int i) {
   return __half2float(reinterpret_cast<const __half*>(base)[i]);
 }
 
+// The query values lane (g, c) multiplies in the score product: row g, channels 16i + c + 4r,
+// stored [i][r][lane] so that the per-record loads are free of bank conflicts.
+__device__ __forceinline__ void ScatterQueryFragments(const float* q, float* qf) {
+  for (int idx = threadIdx.x; idx < kKChunks * 4 * kWarpSize; idx += blockDim.x) {
+    const int i = idx / (4 * kWarpSize), r = (idx / kWarpSize) % 4, lane = idx % kWarpSize;
+    qf[idx] = q[(lane >> 2) * kD + 16 * i + (lane & 3) + 4 * r];
+  }
+}
+
 // One warp's 64-token window (tokens tok0 .. tok0 + 63) of a record tile held in shared memory.
 template <int G>
 __device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t* rec,
-                                             const float* qs, int tok0, int key0, int lim0,
+                                             const float* qf, int tok0, int key0, int lim0,
                                              int lim1, __half* pbuf, WarpState& W) {
   constexpr int TM = kTM;
   const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
   // B fragments of the score product: (q' a) for row n = g, channels 16i + c + 4r, r = 0..3.
   uint32_t qa[kKChunks][2], qal[kKChunks][2];  // B operand, high and low fp16 parts
-  float qzp = 0.f;
-  const float* qrow = qs + g * kD;
+  float qz = 0.f, qb = 0.f;                     // sum q z, and sum of the B operand
 #pragma unroll
   for (int i = 0; i < kKChunks; ++i) {
     float q[4], a[4], z[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int d = 16 * i + c + 4 * r;
-      q[r] = qrow[d];
+      q[r] = qf[(4 * i + r) * kWarpSize + lane];
       a[r] = HalfIn(rec + P.off_ka, d);
       z[r] = HalfIn(rec + P.off_kz, d);
     }
     SplitHalf2(q[0] * a[0], q[1] * a[1], &qa[i][0], &qal[i][0]);
     SplitHalf2(q[2] * a[2], q[3] * a[3], &qa[i][1], &qal[i][1]);
-    // The zero term, minus the code bias times the B operand the products see (hi + lo).
+    // The zero term, and the B operand the products see (hi + lo) for the code bias.
     const float2 h01 = Half2AsFloat2(qa[i][0]), h23 = Half2AsFloat2(qa[i][1]);
     const float2 l01 = Half2AsFloat2(qal[i][0]), l23 = Half2AsFloat2(qal[i][1]);
-    qzp += q[0] * z[0] + q[1] * z[1] + q[2] * z[2] + q[3] * z[3] -
-           kCodeBias * (((h01.x + l01.x) + (h01.y + l01.y)) + ((h23.x + l23.x) + (h23.y + l23.y)));
+    qz += q[0] * z[0] + q[1] * z[1] + q[2] * z[2] + q[3] * z[3];
+    qb += ((h01.x + l01.x) + (h01.y + l01.y)) + ((h23.x + l23.x) + (h23.y + l23.y));
   }
-  qzp += __shfl_xor_sync(0xffffffffu, qzp, 1);
-  qzp += __shfl_xor_sync(0xffffffffu, qzp, 2);
-  const float qz0 = __shfl_sync(0xffffffffu, qzp, (2 * c) * 4);
-  const float qz1 = __shfl_sync(0xffffffffu, qzp, (2 * c + 1) * 4);
+  qz += __shfl_xor_sync(0xffffffffu, qz, 1);
+  qz += __shfl_xor_sync(0xffffffffu, qz, 2);
+  qb += __shfl_xor_sync(0xffffffffu, qb, 1);
+  qb += __shfl_xor_sync(0xffffffffu, qb, 2);
+  ScoreTerms T;
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {  // rows n = 2c + e live in the lanes of thread group 2c + e
+    const float z = __shfl_sync(0xffffffffu, qz, (2 * c + e) * 4);
+    const float bias = kCodeBias * __shfl_sync(0xffffffffu, qb, (2 * c + e) * 4);
+    T.qzl[e] = z - bias;
+    T.qzh[e] = z - bias * kHiNibble;
+  }
 
   // Scores: byte j of the word a thread reads from channel row d holds window tokens 8g + 2j
   // (low nibble) and 8g + 2j + 1 (high nibble).
@@ -331,8 +378,9 @@ __device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t*
     for (int j = 0; j < TM; ++j) {
       const uint32_t z01 = PairBytes(w[0], w[1], j);
       const uint32_t z23 = PairBytes(w[2], w[3], j);
-      const uint32_t a[4] = {BiasedCodes<0xF>(z01, 0), BiasedCodes<0xF>(z01, 4),
-                             BiasedCodes<0xF>(z23, 0), BiasedCodes<0xF>(z23, 4)};
+      // Rows g + 8 (the high nibbles) come 16x scaled: Softmax divides.
+      const uint32_t a[4] = {BiasedCodes<0x0F>(z01), BiasedCodes<0xF0>(z01),
+                             BiasedCodes<0x0F>(z23), BiasedCodes<0xF0>(z23)};
       Mma16816(s[j], a, qa[i]);
       Mma16816(s[j], a, qal[i]);
     }
@@ -341,8 +389,8 @@ __device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t*
   LoadTokenScales<TM>(rec + P.off_kc + 2 * tok0, g, ct);
   LoadTokenScales<TM>(rec + P.off_va + 2 * tok0, g, va);
   LoadTokenScales<TM>(rec + P.off_vz + 2 * tok0, g, vz);
-  float alpha[2], pz[2];
-  Softmax<TM>(s, ct, va, vz, true, qz0, qz1, key0, lim0, lim1, g, c, W, pbuf, alpha, pz);
+  float alpha[2], pzz[2], pb[2];
+  Softmax<TM>(s, ct, va, vz, true, T, key0, lim0, lim1, g, c, W, pbuf, alpha, pzz, pb);
 
   // Values: O^T[d, n] for d = 16g + 4k + {0..3}.
   float o[kKChunks][4];
@@ -362,27 +410,28 @@ __device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t*
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const uint32_t zxy = PairBytes(x, y, k), zuv = PairBytes(u, v, k);
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int sh = 4 * half;
-        const uint32_t a[4] = {BiasedCodes<0x3>(zxy, sh), BiasedCodes<0x3>(zxy, sh + 2),
-                               BiasedCodes<0x3>(zuv, sh), BiasedCodes<0x3>(zuv, sh + 2)};
-        Mma16816(o[2 * k + half], a, b);
-      }
+      // m-tile 2k + half: rows g take the codes at bit 4 half, rows g + 8 at 4 half + 2.
+      const uint32_t a0[4] = {BiasedCodes<0x03>(zxy), BiasedCodes<0x0C>(zxy),
+                              BiasedCodes<0x03>(zuv), BiasedCodes<0x0C>(zuv)};
+      Mma16816(o[2 * k], a0, b);
+      const uint32_t a1[4] = {BiasedCodes<0x30>(zxy), BiasedCodes<0xC0>(zxy),
+                              BiasedCodes<0x30>(zuv), BiasedCodes<0xC0>(zuv)};
+      Mma16816(o[2 * k + 1], a1, b);
     }
   }
-  // acc = alpha * acc + c'_d * (o + pz); channel of o[mt][0..1] = 16g + 4(mt/2) + 2(mt%2), of
-  // o[mt][2..3] the next one.
+  // acc = alpha * acc + c'_d * ((o - pb) / 2^shift + pzz); channel of o[mt][0..1] =
+  // 16g + 4(mt/2) + 2(mt%2) (codes at bit 4(mt%2)), of o[mt][2..3] the next one (2 bits up).
   const uint4* vcp = reinterpret_cast<const uint4*>(rec + P.off_vc + 2 * (16 * g));
   const uint4 c0 = vcp[0], c1 = vcp[1];
   const uint32_t cw[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
 #pragma unroll
   for (int mt = 0; mt < kKChunks; ++mt) {
     const float2 cv = Half2AsFloat2(cw[mt]);  // channels 16g + 2mt, +1
-    W.acc[mt][0] = W.acc[mt][0] * alpha[0] + cv.x * (o[mt][0] + pz[0]);
-    W.acc[mt][1] = W.acc[mt][1] * alpha[1] + cv.x * (o[mt][1] + pz[1]);
-    W.acc[mt][2] = W.acc[mt][2] * alpha[0] + cv.y * (o[mt][2] + pz[0]);
-    W.acc[mt][3] = W.acc[mt][3] * alpha[1] + cv.y * (o[mt][3] + pz[1]);
+    const float inv0 = mt % 2 ? 1.f / 16.f : 1.f, inv1 = mt % 2 ? 1.f / 64.f : 1.f / 4.f;
+    W.acc[mt][0] = W.acc[mt][0] * alpha[0] + cv.x * fmaf(o[mt][0] - pb[0], inv0, pzz[0]);
+    W.acc[mt][1] = W.acc[mt][1] * alpha[1] + cv.x * fmaf(o[mt][1] - pb[1], inv0, pzz[1]);
+    W.acc[mt][2] = W.acc[mt][2] * alpha[0] + cv.y * fmaf(o[mt][2] - pb[0], inv1, pzz[0]);
+    W.acc[mt][3] = W.acc[mt][3] * alpha[1] + cv.y * fmaf(o[mt][3] - pb[1], inv1, pzz[1]);
   }
   __syncwarp();
 }
@@ -421,8 +470,9 @@ __device__ __forceinline__ void PageWindow(const __half* kp, const __half* vp, i
     }
   }
   float none[2 * TM];
-  float alpha[2], pz[2];
-  Softmax<TM>(s, none, none, none, false, 0.f, 0.f, key0, lim0, lim1, g, c, W, pbuf, alpha, pz);
+  float alpha[2], pzz[2], pb[2];
+  Softmax<TM>(s, none, none, none, false, ScoreTerms{}, key0, lim0, lim1, g, c, W, pbuf, alpha,
+              pzz, pb);
   float o[kKChunks][4];
 #pragma unroll
   for (int mt = 0; mt < kKChunks; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
@@ -475,40 +525,47 @@ struct MmaSmem {
     } merge;
   } u;
   float q[kRows * kD];                 // rotated queries * scale * log2(e)
+  float qf[kKChunks * 4 * kWarpSize];  // the same, in the order the B fragments read them
   __half p[kWarps][kRows * kPStride];  // per-warp probabilities
   float wm[kWarps][kRows], wl[kWarps][kRows];
   float m[kRows], l[kRows];
   int limit[kRows], qrow[kRows];
-  uint64_t full[Ring<G>::kStages];  // sm_90: one mbarrier per ring stage
+  uint64_t full[Ring<G>::kStages];   // the stage's record has landed
+  uint64_t empty[Ring<G>::kStages];  // the stage's warps are done with it
 };
 
-// Starts the copy of record k (0-based among the CTA's record tiles, the tile r_lo + k) into its
-// ring stage. kBulk: thread 0 alone, one bulk copy; a bad table entry still arrives on the
-// stage's barrier (no bytes) so that the consumers, who check the entry themselves, move on.
-// Otherwise: every thread of the CTA copies its 16-byte pieces with cp.async.
+__device__ __forceinline__ const uint8_t* RecordAt(const AttnParams& P, int id, int h) {
+  return P.records + (static_cast<size_t>(id) * P.Hk + h) * P.record_stride;
+}
+
+// Starts the copy of record `id` into `stage`; its `full` barrier completes when it has landed.
+// kBulk (sm_90): the slot's first thread alone, one bulk copy. Otherwise the slot's threads
+// (index li of n), 16 bytes each with cp.async. A bad table entry copies nothing but still
+// arrives, and the consumers, who check the entry themselves, skip the tile.
 template <int G, bool kBulk>
-__device__ __forceinline__ void IssueRecord(const AttnParams& P, MmaSmem<G>& S,
-                                            const int32_t* table, int r_lo, int h, int k) {
-  using R = Ring<G>;
-  const int stage = k % R::kStages;
-  const int id = table[r_lo + k];
+__device__ __forceinline__ void IssueRecord(const AttnParams& P, MmaSmem<G>& S, int stage, int id,
+                                            int h, int li, int n) {
   const bool ok = id >= 0 && id < P.num_record_blocks;
-  const uint8_t* src = P.records + (static_cast<size_t>(id) * P.Hk + h) * P.record_stride;
   if constexpr (kBulk) {
     if (ok) {
-      BulkCopy(S.u.ring[stage], src, R::kRecordBytes, &S.full[stage]);
+      BulkCopy(S.u.ring[stage], RecordAt(P, id, h), Ring<G>::kRecordBytes, &S.full[stage]);
     } else {
       BarrierArrive(&S.full[stage]);
     }
   } else {
-    if (!ok) return;
-    for (int off = threadIdx.x * 16; off < R::kRecordBytes; off += kWarps * kWarpSize * 16) {
-      CpAsync16(S.u.ring[stage] + off, src + off);
+    if (ok) {
+      const uint8_t* src = RecordAt(P, id, h);
+      for (int off = li * 16; off < Ring<G>::kRecordBytes; off += n * 16) {
+        CpAsync16(S.u.ring[stage] + off, src + off);
+      }
+      CpAsyncArrive(&S.full[stage]);
+    } else {
+      BarrierArrive(&S.full[stage]);
     }
   }
 }
 
-// kBulk: sm_90's bulk copies (else cp.async, sm_80+). 3 CTAs per SM: 168 registers, ~64 KB of
+// kBulk: sm_90's bulk copies (else cp.async, sm_80+). 3 CTAs per SM: 168 registers, ~68 KB of
 // shared memory each.
 template <int G, bool kBulk>
 __global__ void __launch_bounds__(kWarps * 32, 3) MmaAttentionKernel(AttnParams P) {
@@ -530,26 +587,33 @@ __global__ void __launch_bounds__(kWarps * 32, 3) MmaAttentionKernel(AttnParams 
   const int nrec = max(0, r_hi - r_lo);
   const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
 
-  // Start the ring first: its copies overlap the setup and the page tiles.
-  if constexpr (kBulk) {
-    if (tid == 0) {
-      for (int s = 0; s < R::kStages; ++s) BarrierInit(&S.full[s]);
-      BarrierInitFence();
-      for (int k = 0; k < min(nrec, R::kStages); ++k) IssueRecord<G, kBulk>(P, S, table, r_lo, h, k);
+  // Each slot (the kWarpsPerRecord warps that share a record) consumes the records k = slot,
+  // slot + kSlots, ... from stages k % kStages on its own, so slots never wait for each other.
+  const int slot_threads = R::kWarpsPerRecord * kWarpSize;
+  const int li = tid % slot_threads;      // index within the slot
+  const bool issuer = !kBulk || li == 0;  // the threads that start the slot's copies
+  if (tid == 0) {
+    for (int st = 0; st < R::kStages; ++st) {
+      BarrierInit(&S.full[st], kBulk ? 1 : slot_threads);
+      BarrierInit(&S.empty[st], R::kWarpsPerRecord);
     }
-  } else {
-    for (int it = 0; it < kRingIters; ++it) {
-      for (int j = 0; j < R::kSlots; ++j) {
-        const int k = it * R::kSlots + j;
-        if (k < nrec) IssueRecord<G, kBulk>(P, S, table, r_lo, h, k);
-      }
-      CpAsyncCommit();
-    }
+    BarrierInitFence();
   }
   if (tid < kRows) SetRow(P, w, tid, S.qrow, S.limit);
   __syncthreads();
+  // Start the ring: its first copies overlap the query setup and the page tiles.
+  if (issuer) {
+#pragma unroll
+    for (int it = 0; it < kRingIters; ++it) {
+      const int k = slot + it * R::kSlots;
+      if (k < nrec) IssueRecord<G, kBulk>(P, S, k, table[r_lo + k], h, li, slot_threads);
+    }
+  }
   // Scores in the log2 domain.
+
   LoadQueries(P, S.qrow, kD, P.scale * 1.4426950408889634f, S.q);
+  __syncthreads();
+  ScatterQueryFragments(S.q, S.qf);
   __syncthreads();
 
   WarpState W;
@@ -579,44 +643,31 @@ __global__ void __launch_bounds__(kWarps * 32, 3) MmaAttentionKernel(AttnParams 
                tile * G + tok0, lim0, lim1, pbuf, W);
   }
 
-  // Record tiles from the ring: iteration `base` consumes records base .. base + kSlots - 1,
-  // then refills their stages with the records kStages further on.
-  for (int base = 0; base < nrec; base += R::kSlots) {
-    const int k = base + slot;
-    if constexpr (kBulk) {
-      if (k < nrec) BarrierWait(&S.full[k % R::kStages], (k / R::kStages) & 1);
-    } else {
-      CpAsyncWait<kRingIters - 1>();
-      __syncthreads();
+  // Record tiles from the ring. When the slot's warps have all arrived on a stage's `empty`
+  // barrier, the issuers refill it with the record kStages further on (its table entry read
+  // before the wait).
+  for (int k = slot; k < nrec; k += R::kSlots) {
+    const int stage = k % R::kStages;
+    const uint32_t parity = (k / R::kStages) & 1;
+    const int next = k + R::kStages;
+    const int next_id = issuer && next < nrec ? table[r_lo + next] : -1;
+    BarrierWait(&S.full[stage], parity);
+    const int tile = r_lo + k;
+    const int id = table[tile];
+    if (id >= 0 && id < P.num_record_blocks) {
+      RecordWindow<G>(P, S.u.ring[stage], S.qf, tok0, tile * G + tok0, lim0, lim1, pbuf, W);
+    } else if (reporter) {
+      ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
     }
-    if (k < nrec) {
-      const int tile = r_lo + k;
-      const int id = table[tile];
-      if (id >= 0 && id < P.num_record_blocks) {
-        RecordWindow<G>(P, S.u.ring[k % R::kStages], S.q, tok0, tile * G + tok0, lim0, lim1,
-                        pbuf, W);
-      } else if (reporter) {
-        ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
-      }
-    }
-    __syncthreads();  // every warp is done with the stages of this iteration
-    if constexpr (kBulk) {
-      if (tid == 0) {
-        for (int j = 0; j < R::kSlots; ++j) {
-          const int kk = base + R::kStages + j;
-          if (kk < nrec) IssueRecord<G, kBulk>(P, S, table, r_lo, h, kk);
-        }
-      }
-    } else {
-      for (int j = 0; j < R::kSlots; ++j) {
-        const int kk = base + R::kStages + j;
-        if (kk < nrec) IssueRecord<G, kBulk>(P, S, table, r_lo, h, kk);
-      }
-      CpAsyncCommit();
+    __syncwarp();
+    if (lane == 0) BarrierArrive(&S.empty[stage]);
+    if (issuer && next < nrec) {
+      BarrierWait(&S.empty[stage], parity);
+      IssueRecord<G, kBulk>(P, S, stage, next_id, h, li, slot_threads);
     }
   }
-  if constexpr (!kBulk) CpAsyncWait<0>();  // nothing is left in flight (only empty groups)
   __syncthreads();  // the ring's memory becomes the merge area
+  LaunchDependents();  // the split merge may start launching (it waits for this grid's end)
 
   // Merge the warps: sums of l over the thread groups, then maxima and weights across warps.
   float l0 = W.l[0], l1 = W.l[1];

@@ -76,11 +76,17 @@ if [[ $mode == *python* || $mode == all ]]; then
   for shape in "1 32768" "32 32768"; do build/dev/bench_cuda_attention --shape $shape 2>&1 | tail -3; done
 fi
 if [[ $mode == *sanitize* || $mode == all ]]; then
-  for tool in memcheck racecheck; do
+  # The tensor-core kernel with both ring paths (bulk copies, cp.async), G 128 and 64.
+  attn_filter='*k4v2_g128_decode*:*k4v2_g128_extend*:*k4v2_g64_*:*ring_one_split*:*gqa7*:*Errors*'
+  for tool in memcheck racecheck synccheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 \
-      build/dev/tests/kvarn_test_cuda_attention --gtest_filter='*k4v2_g128*:*gqa7*:*Errors*' \
+      build/dev/tests/kvarn_test_cuda_attention --gtest_filter="$attn_filter" \
       >"$OUT/sanitize_${tool}_attention.log" 2>&1
     summary+=("compute-sanitizer $tool attention rc=$?: $(grep -E 'SUMMARY' "$OUT/sanitize_${tool}_attention.log" | tail -1)")
+    KVARN_CUDA_RING=cpasync compute-sanitizer --tool $tool --error-exitcode 9 \
+      build/dev/tests/kvarn_test_cuda_attention --gtest_filter="$attn_filter" \
+      >"$OUT/sanitize_${tool}_attention_cpasync.log" 2>&1
+    summary+=("compute-sanitizer $tool attention (cp.async ring) rc=$?: $(grep -E 'SUMMARY' "$OUT/sanitize_${tool}_attention_cpasync.log" | tail -1)")
     if [[ -x build/dev/tests/kvarn_test_cuda_codec ]]; then
       compute-sanitizer --tool $tool --error-exitcode 9 build/dev/tests/kvarn_test_cuda_codec \
         --gtest_filter='*g128*:*Error*:*rror*' >"$OUT/sanitize_${tool}_codec.log" 2>&1
@@ -98,9 +104,14 @@ if [[ $mode == *profile* || $mode == all ]]; then
   # What limits decode attention at B=32, 32k: one launch of the tensor-core kernel under ncu.
   ncu --clock-control none --kernel-name regex:MmaAttention --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-    --section MemoryWorkloadAnalysis build/dev/bench_cuda_attention --shape 32 32768 \
-    >"$OUT/ncu_decode.txt" 2>&1
+    --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters \
+    build/dev/bench_cuda_attention --shape 32 32768 >"$OUT/ncu_decode.txt" 2>&1
   summary+=("ncu rc=$?")
+  # Batch 1: the split merge and the launch gaps matter there.
+  nsys_like=$(ncu --clock-control none --kernel-name regex:"MmaAttention|MergeKernel" --launch-skip 6 \
+    --launch-count 2 --section SpeedOfLight build/dev/bench_cuda_attention --shape 1 32768 2>&1 |
+    grep -E "MmaAttention|MergeKernel|Duration" | tr -s ' ' | tr '\n' ';')
+  summary+=("ncu batch 1: $nsys_like")
   grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Issue Slot|No Eligible|Stall|Warp Cycles Per Issued|Theoretical Occupancy|L2 Hit" \
     "$OUT/ncu_decode.txt" | head -30
 fi
