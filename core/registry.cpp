@@ -13,6 +13,11 @@ namespace gpu {
 extern const BackendOps kCudaBackend;
 }
 #endif
+#ifdef KVARN_WITH_HIP
+namespace gpu {
+extern const BackendOps kRocmBackend;  // backends/gpu built as HIP
+}
+#endif
 
 namespace {
 
@@ -31,8 +36,12 @@ const Entry kEntries[] = {
     {KVARN_BACKEND_CUDA, "cuda", nullptr,
      "not built: configure with -DKVARN_ENABLE_CUDA=ON (preset 'cuda') to build it"},
 #endif
+#ifdef KVARN_WITH_HIP
+    {KVARN_BACKEND_ROCM, "rocm", &gpu::kRocmBackend, ""},
+#else
     {KVARN_BACKEND_ROCM, "rocm", nullptr,
-     "not built: the ROCm (HIP) backend is not implemented yet"},
+     "not built: configure with -DKVARN_ENABLE_HIP=ON (preset 'hip') to build it"},
+#endif
 };
 
 constexpr int kNumEntries = static_cast<int>(sizeof kEntries / sizeof kEntries[0]);

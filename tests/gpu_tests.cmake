@@ -6,5 +6,8 @@ foreach(_gpu_suite cuda_codec cuda_attention cuda_cache cuda_multicontext)
     kvarn_add_gtest(kvarn_test_${_gpu_suite}
       SOURCES test_${_gpu_suite}.cpp
       LABELS gpu)
+    if(KVARN_ENABLE_HIP)  # the same suites against the ROCm backend (support/gpu_test.h)
+      target_compile_definitions(kvarn_test_${_gpu_suite} PRIVATE KVT_GPU_BACKEND_ROCM=1)
+    endif()
   endif()
 endforeach()

@@ -26,7 +26,7 @@ int CudaDeviceCount() {
   for (int32_t i = 0; i < kvarn_backend_count(); ++i) {
     kvarn_backend_info_t info;
     info.size = sizeof info;
-    if (kvarn_backend_get_info(i, &info) == KVARN_OK && info.backend == KVARN_BACKEND_CUDA) {
+    if (kvarn_backend_get_info(i, &info) == KVARN_OK && info.backend == kvt::kGpuBackend) {
       return info.available ? info.device_count : 0;
     }
   }
@@ -36,7 +36,7 @@ int CudaDeviceCount() {
 kvt::ContextPtr MakeCudaContextOn(int device) {
   kvarn_context_options_t o;
   kvarn_context_options_defaults(&o);
-  o.backend = KVARN_BACKEND_CUDA;
+  o.backend = kvt::kGpuBackend;
   o.device = device;
   kvarn_context_t* c = nullptr;
   EXPECT_EQ(kvarn_context_create(&o, &c), KVARN_OK) << kvarn_last_error();
@@ -122,7 +122,7 @@ TEST(CudaMultiContext, InvalidDeviceOrdinalsAreRejected) {
   for (int32_t bad : {-1, n, n + 5, std::numeric_limits<int32_t>::max()}) {
     kvarn_context_options_t o;
     kvarn_context_options_defaults(&o);
-    o.backend = KVARN_BACKEND_CUDA;
+    o.backend = kvt::kGpuBackend;
     o.device = bad;
     kvarn_context_t* c = nullptr;
     EXPECT_TRUE(IsError(kvarn_context_create(&o, &c), KVARN_ERR_INVALID_ARGUMENT, "device")) << bad;

@@ -305,7 +305,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
       for (int r = warp; r < kRows; r += kWarps) {
         float acc = 0.f;
         for (int d = lane; d < D; d += kWarpSize) acc += S.q[r * D + d] * S.kz[d];
-        for (int o = kWarpSize / 2; o > 0; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        for (int o = kWarpSize / 2; o > 0; o /= 2) acc += __shfl_xor_sync(kFullMask, acc, o);
         if (lane == 0) S.qz[r] = acc;
       }
       __syncthreads();
@@ -366,8 +366,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
     for (int r = warp; r < kRows; r += kWarps) {
       float mx = -INFINITY;
       for (int t = lane; t < G; t += kWarpSize) mx = fmaxf(mx, S.p[r * G + t]);
-      for (int o = kWarpSize / 2; o > 0; o /= 2)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      for (int o = kWarpSize / 2; o > 0; o /= 2) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, o));
       const float m_old = S.m[r];
       const float m_new = fmaxf(m_old, mx);
       float sum = 0.f, pz = 0.f;
@@ -382,8 +381,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
         sum += e;
       }
       for (int o = kWarpSize / 2; o > 0; o /= 2) {
-        sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        pz += __shfl_xor_sync(0xffffffffu, pz, o);
+        sum += __shfl_xor_sync(kFullMask, sum, o);
+        pz += __shfl_xor_sync(kFullMask, pz, o);
       }
       __syncwarp();  // every lane has read m[r] before lane 0 replaces it
       if (lane == 0) {
@@ -463,11 +462,13 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
 
 // Programmatic dependent launch (sm_90): the merge kernel is launched while the attention grid
 // drains, and waits for its completion (and memory) before reading the partials.
+#if KVARN_GPU_HAS_MMA  // called by the tensor-core kernel only
 __device__ __forceinline__ void LaunchDependents() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
 }
+#endif
 __device__ __forceinline__ void WaitForPrimaryGrid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -478,7 +479,7 @@ __device__ __forceinline__ void WaitForPrimaryGrid() {
 template <bool kMax>
 __device__ __forceinline__ float BlockReduce(float x, float* scratch) {
   for (int o = kWarpSize / 2; o > 0; o /= 2) {
-    const float y = __shfl_xor_sync(0xffffffffu, x, o);
+    const float y = __shfl_xor_sync(kFullMask, x, o);
     x = kMax ? fmaxf(x, y) : x + y;
   }
   __syncthreads();  // scratch may still be read by a previous reduction
@@ -538,9 +539,16 @@ size_t Align256(size_t x) { return (x + 255) / 256 * 256; }
 
 // Whether the tensor-core kernel takes this shape (alignment aside: a misaligned pool falls back
 // to the general kernel with the same plan, so the workspace size never depends on pointers).
+// Under HIP the tensor-core kernel is not built (inline PTX), so no shape takes it.
 bool MmaShape(const CudaState* st, const Config& cfg) {
+#if KVARN_GPU_HAS_MMA
   return st->cc_major >= 8 && cfg.D == 128 && (cfg.G == 64 || cfg.G == 128) &&
          cfg.key_bits == 4 && cfg.value_bits == 2;
+#else
+  (void)st;
+  (void)cfg;
+  return false;
+#endif
 }
 
 int MmaCtasPerSm(CudaState* st, int G);
@@ -616,11 +624,15 @@ int Log2(int x) {
 }  // namespace gpu
 }  // namespace kvarn
 
+#if KVARN_GPU_HAS_MMA
 #include "backends/gpu/attention_mma.cuh"
+#endif
 
 namespace kvarn {
 namespace gpu {
 namespace {
+
+#if KVARN_GPU_HAS_MMA
 
 // The tensor-core kernel covers the design point (D128, G 64/128, k4v2) on sm_80+ when every
 // pointer it reads with 16-byte copies is 16-byte aligned; KVARN_CUDA_ATTENTION=generic forces
@@ -701,6 +713,17 @@ Status LaunchMma(CudaState* st, const AttnParams& P, dim3 grid) {
   }
   return CheckLaunch("MmaAttentionKernel");
 }
+
+#else  // no tensor-core kernel (HIP): the general kernel takes every shape
+
+bool UseMmaKernel(const CudaState*, const Config&, const PagedKV&) { return false; }
+int MmaCtasPerSm(CudaState*, int) { return 1; }
+template <int G>
+Status LaunchMma(CudaState*, const AttnParams&, dim3) {
+  return {KVARN_ERR_INTERNAL, "this build has no tensor-core attention kernel"};
+}
+
+#endif  // KVARN_GPU_HAS_MMA
 
 }  // namespace
 
@@ -789,6 +812,13 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
     KVARN_RETURN_IF_ERROR(LaunchGeneric(st, cfg, P, grid));
   }
   if (plan.splits > 1) {
+#if KVARN_GPU_HIP
+    // No programmatic dependent launch: stream order makes the merge wait for the partials
+    // (WaitForPrimaryGrid compiles to nothing off sm_90).
+    MergeKernel<<<static_cast<unsigned>(plan.rows_total), kThreads, cfg.D * sizeof(float),
+                  st->stream>>>(P, static_cast<int>(plan.rows_total));
+    KVARN_RETURN_IF_ERROR(CheckLaunch("MergeKernel"));
+#else
     cudaLaunchConfig_t lc{};
     lc.gridDim = dim3(static_cast<unsigned>(plan.rows_total));
     lc.blockDim = dim3(kThreads);
@@ -801,6 +831,7 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
     lc.numAttrs = st->cc_major >= 9 ? 1 : 0;
     KVARN_CUDA_RETURN_IF_ERROR(
         cudaLaunchKernelEx(&lc, MergeKernel, P, static_cast<int>(plan.rows_total)));
+#endif
   }
   return Status::Ok();
 }

@@ -24,6 +24,10 @@
 //           k slot -> token 16kc + slot (identity, so P comes from shared memory by ldmatrix).
 #pragma once
 
+#if !KVARN_GPU_HAS_MMA
+#error "attention_mma.cuh is CUDA-only (inline PTX; 32-lane mma.sync/ldmatrix tiles)"
+#endif
+
 namespace kvarn {
 namespace gpu {
 namespace mma {

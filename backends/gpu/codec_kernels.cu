@@ -138,7 +138,7 @@ struct TileJob {
 // Error detail words of the synchronous operations (formatted by the host): a = item, b = which
 // for a tile error, which | (token + 1) << 1 for an input row of layer 1.
 template <int D, int G, bool kSmemTile>
-__global__ void __launch_bounds__(TileShape<D, G>::kThreads, TileShape<D, G>::kMinBlocks)
+__global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, G>::kMinBlocks))
     QuantizeTilesKernel(const TileJob job) {
   using Shape = TileShape<D, G>;
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -400,8 +400,8 @@ Status Rotate(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const vo
   const float scale = RotationScale(D);
   return DispatchD(D, [&](auto d) -> Status {
     constexpr int kD = decltype(d)::value;
-    const size_t groups = (rows + RowLayout<kD>::kRowsPerWarp - 1) / RowLayout<kD>::kRowsPerWarp;
-    const unsigned grid = GridFor(ctx, groups, 256 / kWarpSize, 8);
+    const size_t groups = (rows + LaunchRowsPerWarp<kD>(s) - 1) / LaunchRowsPerWarp<kD>(s);
+    const unsigned grid = GridFor(ctx, groups, 256 / LaunchWarpSize(s), 8);
     RotateKernel<kD><<<grid, 256, 0, s->stream>>>(rows, in_dtype, in, Aligned16(in), out_dtype, out,
                                                   Aligned16(out), scale);
     return CheckLaunch("RotateKernel");
@@ -448,8 +448,8 @@ Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t d
     KVARN_RETURN_IF_ERROR(DispatchD(D, [&](auto d) -> Status {
       constexpr int kD = decltype(d)::value;
       const size_t rows = n * G;
-      const size_t groups = (rows + RowLayout<kD>::kRowsPerWarp - 1) / RowLayout<kD>::kRowsPerWarp;
-      const dim3 grid(GridFor(ctx, groups, 256 / kWarpSize, 8), 2);
+      const size_t groups = (rows + LaunchRowsPerWarp<kD>(s) - 1) / LaunchRowsPerWarp<kD>(s);
+      const dim3 grid(GridFor(ctx, groups, 256 / LaunchWarpSize(s), 8), 2);
       ConvertRowsKernel<kD><<<grid, 256, 0, s->stream>>>(
           k, v, dtype, vec, !cache_frame && cfg.k_rotate, !cache_frame && cfg.v_rotate, scale,
           first, G, rows, frame_k, frame_v, s->errors);
@@ -509,9 +509,8 @@ Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* r
   CudaState* s = State(ctx);
   return DispatchD(cfg.D, [&](auto d) -> Status {
     constexpr int kD = decltype(d)::value;
-    const size_t groups =
-        (job.rows + RowLayout<kD>::kRowsPerWarp - 1) / RowLayout<kD>::kRowsPerWarp;
-    const dim3 grid(GridFor(ctx, groups, 256 / kWarpSize, 8), 2);
+    const size_t groups = (job.rows + LaunchRowsPerWarp<kD>(s) - 1) / LaunchRowsPerWarp<kD>(s);
+    const dim3 grid(GridFor(ctx, groups, 256 / LaunchWarpSize(s), 8), 2);
     DequantizeKernel<kD><<<grid, 256, 0, s->stream>>>(job);
     return CheckLaunch("DequantizeKernel");
   });

@@ -245,13 +245,12 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
     constexpr int kD = decltype(d)::value;
     for (const AppendChunk& ch : chunks) {
       AppendValidateKernel<kD>
-          <<<grid_for(ch, RowLayout<kD>::kRowsPerWarp), 256, 0, s->stream>>>(a, ch);
+          <<<grid_for(ch, LaunchRowsPerWarp<kD>(s)), 256, 0, s->stream>>>(a, ch);
       KVARN_RETURN_IF_ERROR(CheckLaunch("AppendValidateKernel"));
     }
     for (const AppendChunk& ch : chunks) {
       if (ch.indptr[ch.n_seq] == ch.indptr[0]) continue;
-      AppendWriteKernel<kD>
-          <<<grid_for(ch, RowLayout<kD>::kRowsPerWarp), 256, 0, s->stream>>>(a, ch);
+      AppendWriteKernel<kD><<<grid_for(ch, LaunchRowsPerWarp<kD>(s)), 256, 0, s->stream>>>(a, ch);
       KVARN_RETURN_IF_ERROR(CheckLaunch("AppendWriteKernel"));
     }
     return Status::Ok();

@@ -18,8 +18,6 @@
 // order (column scale first), so codes match wherever the scales do.
 #pragma once
 
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
 #include "backends/gpu/gpu_common.cuh"
@@ -41,6 +39,7 @@ struct TileShape {
   static constexpr int kTPT = G / (Row::kRowsPerWarp * kWarps);
   static_assert(kTPT * kPL * kThreads == D * G, "tile layout");
   static_assert(kTPT >= 4 && kThreads >= D, "tile layout");
+  static_assert(kThreads % kMaxWarpSize == 0, "whole warps on every target (G >= 64)");
   // CTAs per SM the register budget aims for (about 80 registers per thread below 512 threads).
   static constexpr int kMinBlocks = kThreads >= 512 ? 1 : 65536 / (kThreads * 80);
 

@@ -1,5 +1,7 @@
-// The CUDA backend's table (core/backend.h): devices, contexts, memory, streams, and the
-// sticky device-error words that report what kernels find in device memory.
+// The GPU backend's table (core/backend.h): devices, contexts, memory, streams, and the
+// sticky device-error words that report what kernels find in device memory. Built with nvcc it
+// is the CUDA backend (kCudaBackend, "cuda"); built as HIP (gpu_runtime.h) the ROCm backend
+// (kRocmBackend, "rocm"), with the same probe/context/memory/error model.
 #include <initializer_list>
 #include <string>
 
@@ -52,9 +54,10 @@ void Probe(int* device_count, const char** reason) {
   if (e != cudaSuccess || n <= 0) {
     *device_count = 0;
     *reason = e == cudaErrorNoDevice || (e == cudaSuccess && n == 0)
-                  ? "no CUDA device found"
-                  : (e == cudaErrorInsufficientDriver ? "the CUDA driver is missing or too old"
-                                                      : "the CUDA runtime failed to start");
+                  ? "no " KVARN_GPU_NAME " device found"
+                  : (e == cudaErrorInsufficientDriver
+                         ? "the " KVARN_GPU_NAME " driver is missing or too old"
+                         : "the " KVARN_GPU_NAME " runtime failed to start");
     cudaGetLastError();  // clear the sticky runtime error of a failed probe
     return;
   }
@@ -98,7 +101,9 @@ Status TakeDeviceError(CudaState* s) {
 
 Status ContextInit(Context* ctx) {
   auto s = new (std::nothrow) CudaState();
-  if (s == nullptr) return {KVARN_ERR_OUT_OF_MEMORY, "cannot allocate the CUDA context state"};
+  if (s == nullptr) {
+    return {KVARN_ERR_OUT_OF_MEMORY, "cannot allocate the " KVARN_GPU_NAME " context state"};
+  }
   s->device = ctx->device;
   s->stream = static_cast<cudaStream_t>(ctx->stream);
   ctx->backend_state = s;
@@ -106,9 +111,14 @@ Status ContextInit(Context* ctx) {
   cudaDeviceProp p;
   KVARN_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&p, s->device));
   s->sm_count = p.multiProcessorCount;
+#if KVARN_GPU_HIP
+  s->max_smem_optin = static_cast<int>(p.sharedMemPerBlock);  // LDS per workgroup (no opt-in)
+#else
   s->max_smem_optin = static_cast<int>(p.sharedMemPerBlockOptin);
+#endif
   s->cc_major = p.major;
   s->cc_minor = p.minor;
+  s->warp_size = p.warpSize;
   KVARN_CUDA_RETURN_IF_ERROR(cudaMalloc(&s->errors, sizeof(DeviceErrorWords)));
   KVARN_CUDA_RETURN_IF_ERROR(cudaMemset(s->errors, 0, sizeof(DeviceErrorWords)));
   ctx->num_threads = 1;
@@ -167,8 +177,28 @@ struct NamedPointer {
 Status CheckPointers(const CudaState* s, std::initializer_list<NamedPointer> pointers) {
   for (const NamedPointer& np : pointers) {
     if (np.p == nullptr) continue;
+    const auto host_memory = [&] {
+      return std::string(np.name) +
+             " is host memory, but the context is on " KVARN_GPU_NAME " device " +
+             std::to_string(s->device) + " (use kvarn_memory_alloc / kvarn_memory_copy)";
+    };
     cudaPointerAttributes a{};
     const cudaError_t e = cudaPointerGetAttributes(&a, np.p);
+#if KVARN_GPU_HIP
+    // HIP (ROCm 5.x) reports pageable host memory as an error, and device, managed or pinned
+    // host memory through memoryType/isManaged.
+    if (e != hipSuccess) {
+      hipGetLastError();
+      return InvalidArgument(host_memory());
+    }
+    if (a.isManaged || a.memoryType == hipMemoryTypeHost) continue;
+    if (a.memoryType != hipMemoryTypeDevice) return InvalidArgument(host_memory());
+    if (a.device != s->device) {
+      return InvalidArgument(std::string(np.name) + " is memory of ROCm device " +
+                             std::to_string(a.device) + ", but the context is on device " +
+                             std::to_string(s->device));
+    }
+#else
     if (e != cudaSuccess) {
       cudaGetLastError();
       return InvalidArgument(std::string(np.name) + ": not a pointer CUDA knows (" +
@@ -186,10 +216,9 @@ Status CheckPointers(const CudaState* s, std::initializer_list<NamedPointer> poi
       case cudaMemoryTypeHost:
         break;
       default:
-        return InvalidArgument(
-            std::string(np.name) + " is host memory, but the context is on CUDA device " +
-            std::to_string(s->device) + " (use kvarn_memory_alloc / kvarn_memory_copy)");
+        return InvalidArgument(host_memory());
     }
+#endif
   }
   return Status::Ok();
 }
@@ -283,11 +312,24 @@ Status PagedAttentionOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv
 
 }  // namespace
 
-extern const BackendOps kCudaBackend;
-const BackendOps kCudaBackend = {
+#if KVARN_GPU_HIP
+#define KVARN_GPU_BACKEND_TABLE kRocmBackend
+#define KVARN_GPU_BACKEND_KIND KVARN_BACKEND_ROCM
+#define KVARN_GPU_BACKEND_NAME "rocm"
+#else
+#define KVARN_GPU_BACKEND_TABLE kCudaBackend
+#define KVARN_GPU_BACKEND_KIND KVARN_BACKEND_CUDA
+#define KVARN_GPU_BACKEND_NAME "cuda"
+#endif
+
+// Host-only: clang's HIP device pass would otherwise emit this const table (of host function
+// pointers) as device data.
+#if !defined(__HIP_DEVICE_COMPILE__)
+extern const BackendOps KVARN_GPU_BACKEND_TABLE;
+const BackendOps KVARN_GPU_BACKEND_TABLE = {
     kBackendInterfaceVersion,
-    KVARN_BACKEND_CUDA,
-    "cuda",
+    KVARN_GPU_BACKEND_KIND,
+    KVARN_GPU_BACKEND_NAME,
     Probe,
     ContextInit,
     ContextRelease,
@@ -303,6 +345,7 @@ const BackendOps kCudaBackend = {
     AttentionWorkspaceOnDevice,
     PagedAttentionOnDevice,
 };
+#endif
 
 }  // namespace gpu
 }  // namespace kvarn

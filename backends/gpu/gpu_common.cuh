@@ -1,21 +1,17 @@
-// Portability and error plumbing shared by the GPU kernels. Kernels are written once; this
-// header maps the few runtime names they use (CUDA today, HIP through the same names later) and
-// never lets a warp size appear as a literal.
+// Portability and error plumbing shared by the GPU kernels. Kernels are written once, against
+// the names gpu_runtime.h maps (the CUDA runtime, or HIP through the same names), and never let a
+// warp size appear as a literal (kWarpSize, kFullMask).
 #pragma once
-
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
 
 #include <cstdint>
 #include <string>
 
+#include "backends/gpu/gpu_runtime.h"
 #include "core/backend.h"
 #include "core/status.h"
 
 namespace kvarn {
 namespace gpu {
-
-constexpr int kWarpSize = 32;  // CUDA; a HIP build sets 64 for CDNA
 
 // Sticky device-side error words of a context (see DeviceError below). Kernels that find bad
 // data in device memory (a block-table entry out of range, a non-finite input) cannot return a
@@ -53,8 +49,9 @@ struct CudaState {
   int device = 0;
   cudaStream_t stream = nullptr;
   int sm_count = 0;
-  int max_smem_optin = 0;  // bytes of dynamic shared memory a block may opt into
-  int cc_major = 0, cc_minor = 0;
+  int max_smem_optin = 0;              // bytes of dynamic shared memory a block may opt into
+  int cc_major = 0, cc_minor = 0;      // CUDA compute capability (HIP: the gfx major/minor)
+  int warp_size = kMinWarpSize;        // the device's warp/wavefront size (32, or 64 on CDNA)
   DeviceErrorWords* errors = nullptr;  // device memory
   // Staging memory for validate-then-write operations, grown on demand.
   void* scratch = nullptr;
@@ -62,6 +59,17 @@ struct CudaState {
 };
 
 inline CudaState* State(Context* ctx) { return static_cast<CudaState*>(ctx->backend_state); }
+
+// The warp size host code sizes launches with: the constant on CUDA; under HIP the device's
+// (one binary holds wave64 and wave32 targets).
+inline int LaunchWarpSize(const CudaState* s) {
+#if KVARN_GPU_HIP
+  return s->warp_size;
+#else
+  (void)s;
+  return kWarpSize;
+#endif
+}
 
 inline Status CudaError(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return Status::Ok();

@@ -8,17 +8,12 @@
 // lanes by shuffles, then 8*kLanes .. across chunks), giving the CPU's bits exactly.
 #pragma once
 
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
 #include "backends/gpu/gpu_common.cuh"
 
 namespace kvarn {
 namespace gpu {
-
-constexpr unsigned kFullMask = 0xffffffffu;
 
 template <int D>
 struct RowLayout {
@@ -29,6 +24,14 @@ struct RowLayout {
   static_assert(kLanes * kChunks * 8 == D, "D must be a power of two >= 8");
   __device__ static int Channel(int lane_d, int c) { return (c * kLanes + lane_d) * 8; }
 };
+
+// RowLayout<D>::kRowsPerWarp of the device, for host code sizing launches (under HIP the host
+// pass has no single warp size: LaunchWarpSize).
+template <int D>
+inline int LaunchRowsPerWarp(const CudaState* s) {
+  const int w = LaunchWarpSize(s);
+  return w / (D / 8 < w ? D / 8 : w);
+}
 
 // x <- x H / sqrt(D) for the row held by the kLanes lanes of this lane's group (x[c*8 + e] is
 // chunk c, element e). Every lane of the warp must call it (shuffles), and `scale` is
@@ -165,7 +168,7 @@ __device__ __forceinline__ void Store8(kvarn_dtype_t dtype, void* base, size_t o
     for (int i = 0; i < 8; ++i) h[i] = FloatToHalfBits(x[i]);
   } else {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) h[i] = __bfloat16_as_ushort(__float2bfloat16_rn(x[i]));
+    for (int i = 0; i < 8; ++i) h[i] = FloatToBf16Bits(x[i]);
   }
   uint16_t* p = static_cast<uint16_t*>(base) + off;
   if (vec) {

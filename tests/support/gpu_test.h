@@ -12,12 +12,20 @@
 
 namespace kvt {
 
-// A CUDA context on device 0, or nullptr when this build or machine has no CUDA device (the
-// caller then GTEST_SKIPs with kvarn_last_error()).
+// The GPU backend the suites test: CUDA, or ROCm in a HIP build (tests/gpu_tests.cmake defines
+// KVT_GPU_BACKEND_ROCM there).
+#ifdef KVT_GPU_BACKEND_ROCM
+constexpr kvarn_backend_t kGpuBackend = KVARN_BACKEND_ROCM;
+#else
+constexpr kvarn_backend_t kGpuBackend = KVARN_BACKEND_CUDA;
+#endif
+
+// A CUDA (or ROCm: kGpuBackend) context on device 0, or nullptr when this build or machine has no
+// CUDA device (the caller then GTEST_SKIPs with kvarn_last_error()).
 inline ContextPtr MakeCudaContext() {
   kvarn_context_options_t o;
   kvarn_context_options_defaults(&o);
-  o.backend = KVARN_BACKEND_CUDA;
+  o.backend = kGpuBackend;
   kvarn_context_t* c = nullptr;
   if (kvarn_context_create(&o, &c) != KVARN_OK) return ContextPtr(nullptr);
   return ContextPtr(c);
