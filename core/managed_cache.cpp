@@ -627,7 +627,8 @@ Status ManagedCache::Export(int64_t id, void* buffer, size_t buffer_bytes,
   size_t total = sizeof(BlobHeader) + L_ * sizeof(BlobLayer);
   for (const SeqLayer& sl : s->layers) {
     const int64_t tiles = CeilDiv(sl.len, G);
-    total += sl.record_tiles * Hk_ * rb + (tiles - sl.record_tiles) * 2 * page_bytes;
+    total += static_cast<size_t>(sl.record_tiles) * Hk_ * rb +
+             static_cast<size_t>(tiles - sl.record_tiles) * 2 * page_bytes;
   }
   total += sizeof(uint32_t);
   *out_bytes = total;
