@@ -216,6 +216,9 @@ Status OpPagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n
   if (kv.num_pages == 0 || kv.num_record_blocks == 0) {
     return InvalidArgument("flush needs both a page pool and a record pool");
   }
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("src_pages or dst_blocks", n_tiles, sizeof(int32_t)));
+  KVARN_RETURN_IF_ERROR(
+      CheckBufferSize("the flushed records", n_tiles, kv.num_kv_heads, cfg.record_bytes()));
   // The id lists are host memory on every backend: checked here, once.
   for (size_t i = 0; i < n_tiles; ++i) {
     if (src_pages[i] < 0 || src_pages[i] >= kv.num_pages) {

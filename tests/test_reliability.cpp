@@ -269,6 +269,24 @@ TEST(SizeArithmetic, SeqLenInt32MaxDoesNotOverflow) {
       << kvarn_last_error();
 }
 
+TEST(SizeArithmetic, PagedFlushHugeTileCountIsAnArgumentError) {
+  // n_tiles whose id lists (n_tiles int32 each) cannot exist: refused before any is read.
+  CtxPtr ctx = CpuContext();
+  kvarn_config_t cfg;
+  ASSERT_EQ(kvarn_config_from_preset("k4v2_g64", 64, &cfg), KVARN_OK);
+  FakePaged p(1, 1, {0});
+  std::vector<uint8_t> records(1 << 16);
+  p.kv.records = records.data();
+  p.kv.record_stride = 4096;
+  p.kv.num_record_blocks = 1;
+  GuardedBuffer ids(2 * sizeof(int32_t));
+  std::memset(ids.data(), 0, ids.size());
+  const int32_t* src = reinterpret_cast<const int32_t*>(ids.data());
+  EXPECT_EQ(kvarn_paged_flush(ctx.get(), &cfg, &p.kv, size_t{1} << 62, src, src + 1),
+            KVARN_ERR_INVALID_ARGUMENT)
+      << kvarn_last_error();
+}
+
 TEST(SizeArithmetic, QuantizeHugeTileCountIsAnArgumentError) {
   CtxPtr ctx = CpuContext();
   kvarn_config_t cfg;
