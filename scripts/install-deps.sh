@@ -32,6 +32,12 @@ packages=(
   junit5
   clang
   libclang-rt-14-dev
+  # ROCm backend (issue 14, preset hip): Debian 12's ROCm 5.2 HIP runtime and device libraries,
+  # and the clang-15 that hipcc drives (the preset compiles with it).
+  hipcc
+  libamdhip64-dev
+  rocm-device-libs
+  clang-15
 )
 # Rust bindings (KVARN_BUILD_RUST): Debian's cargo and rustc only when no cargo is on PATH
 # already (a rustup toolchain is kept); bindgen above regenerates kvarn-sys for its check.
