@@ -33,7 +33,7 @@ inline ContextPtr MakeCudaContext() {
 
 #define KVT_CUDA_CONTEXT_OR_SKIP(var)               \
   ::kvt::ContextPtr var = ::kvt::MakeCudaContext(); \
-  if (!var) GTEST_SKIP() << "no CUDA backend/device here: " << kvarn_last_error()
+  if (!var) GTEST_SKIP() << "no GPU backend/device here: " << kvarn_last_error()
 
 // Device memory of a context, freed with it; filled and read back through kvarn_memory_copy.
 class DeviceBuffer {
