@@ -7,8 +7,8 @@
 #   2. TSan (preset cpu-tsan, GCC): the labels cache and reliability (the fault-injection test
 #      with 2 threads only: the 1-thread variant takes 2.5 min under TSan and has no second
 #      thread) and the attention tests that vary thread count and splits.
-#   3. libFuzzer (preset fuzz, clang): each target for KVARN_FUZZ_SECONDS (default 60) from its
-#      seed corpus; skipped with a message when clang++ is missing.
+#   3. libFuzzer (preset fuzz, clang): each target for KVARN_FUZZ_SECONDS (environment, default
+#      60) from its seed corpus; skipped with a message when clang++ is missing.
 # KVARN_CI_RELIABILITY=0 skips them all (a quick local run of .ci/run).
 set -euo pipefail
 
@@ -36,7 +36,7 @@ ctest --preset cpu-tsan -R '^(AttentionDeterminism|AttentionSplits)\.'
 
 step "libFuzzer targets"
 if command -v clang++ >/dev/null 2>&1; then
-  cmake --preset fuzz
+  cmake --preset fuzz -DKVARN_FUZZ_SECONDS="${KVARN_FUZZ_SECONDS:-60}"
   cmake --build --preset fuzz
   ctest --preset fuzz
 else
