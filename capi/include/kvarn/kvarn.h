@@ -15,11 +15,11 @@
  * changes nothing it was given to write (outputs and caches are left as they were); running out
  * of memory is such a failure (KVARN_ERR_OUT_OF_MEMORY), with one exception: kvarn_rotate,
  * kvarn_dequantize and the attention calls may have written part of their outputs when they fail
- * with KVARN_ERR_OUT_OF_MEMORY (an in-place rotate may leave some rows rotated). Enum arguments and fields are read as
- * integers: a value outside its enumeration gives KVARN_ERR_INVALID_ARGUMENT (or "unknown" / 0
- * from the calls that cannot fail). Sizes formed from arguments are computed with overflow
- * checks. Option structs start with a `size` field and are initialized by their *_defaults()
- * function.
+ * with KVARN_ERR_OUT_OF_MEMORY (an in-place rotate may leave some rows rotated). Enum arguments
+ * and fields are read as integers: a value outside its enumeration gives
+ * KVARN_ERR_INVALID_ARGUMENT (or "unknown" / 0 from the calls that cannot fail). Sizes formed
+ * from arguments are computed with overflow checks. Option structs start with a `size` field and
+ * are initialized by their *_defaults() function.
  *
  * Threads: kvarn_last_error() is per thread; kvarn_set_max_cpu_isa() is process-wide and may be
  * called from any thread. A context (kvarn_context_t) may be used by one thread at a time: calls
