@@ -204,7 +204,7 @@ __device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, WorkIte
   const int rows_b = w->nq * P.group;
   w->row0 = w->chunk * kRows;
   if (w->row0 >= rows_b) return false;  // this sequence has fewer query rows
-  w->tiles = (w->N + G - 1) / G;
+  w->tiles = w->N / G + (w->N % G != 0);  // no N + G - 1: N may be near INT32_MAX
   const bool reporter = threadIdx.x == 0 && w->split == 0 && w->h == 0 && w->chunk == 0;
   if (w->N < 0 || w->tiles > P.max_blocks || w->rt < 0 ||
       (w->rt > 0 && P.sink_tiles + w->rt > w->N / G)) {
