@@ -15,7 +15,6 @@
 // through the context's sticky error words (gpu_common.cuh) and the bad tiles skipped.
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -552,6 +551,7 @@ bool MmaShape(const CudaState* st, const Config& cfg) {
 }
 
 int MmaCtasPerSm(CudaState* st, int G);
+int MmaRecordsPerIteration(int G);  // records a CTA of the tensor-core kernel consumes at once
 
 // Splits per (sequence, KV head, row chunk) work item. The tensor-core kernel's CTAs take a
 // fixed time per tile, so the count is chosen to fill whole waves of resident CTAs: the cost of
@@ -565,7 +565,7 @@ int ChooseSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles)
     return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, (max_tiles + 3) / 4, cap})));
   }
   const int64_t resident = static_cast<int64_t>(MmaCtasPerSm(st, cfg.G)) * st->sm_count;
-  const int per_iteration = cfg.G == 128 ? 2 : 4;  // records a CTA consumes at once
+  const int per_iteration = MmaRecordsPerIteration(cfg.G);
   int best = 1;
   int64_t best_cost = INT64_MAX;
   for (int s = 1; s <= cap; ++s) {
@@ -697,6 +697,10 @@ int MmaCtasPerSm(CudaState* st, int G) {
   return std::max(n, 1);
 }
 
+int MmaRecordsPerIteration(int G) {
+  return G == 128 ? mma::Ring<128>::kSlots : mma::Ring<64>::kSlots;
+}
+
 template <int G>
 Status LaunchMma(CudaState* st, const AttnParams& P, dim3 grid) {
   if (PrepareMma<G>(st) == 0) {
@@ -718,6 +722,7 @@ Status LaunchMma(CudaState* st, const AttnParams& P, dim3 grid) {
 
 bool UseMmaKernel(const CudaState*, const Config&, const PagedKV&) { return false; }
 int MmaCtasPerSm(CudaState*, int) { return 1; }
+int MmaRecordsPerIteration(int) { return 1; }
 template <int G>
 Status LaunchMma(CudaState*, const AttnParams&, dim3) {
   return {KVARN_ERR_INTERNAL, "this build has no tensor-core attention kernel"};

@@ -310,10 +310,6 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
   __syncwarp();
 }
 
-__device__ __forceinline__ float HalfIn(const uint8_t* base, int i) {
-  return __half2float(reinterpret_cast<const __half*>(base)[i]);
-}
-
 // The query values lane (g, c) multiplies in the score product: row g, channels 16i + c + 4r,
 // stored [i][r][lane] so that the per-record loads are free of bank conflicts.
 __device__ __forceinline__ void ScatterQueryFragments(const float* q, float* qf) {
@@ -340,8 +336,8 @@ __device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t*
     for (int r = 0; r < 4; ++r) {
       const int d = 16 * i + c + 4 * r;
       q[r] = qf[(4 * i + r) * kWarpSize + lane];
-      a[r] = HalfIn(rec + P.off_ka, d);
-      z[r] = HalfIn(rec + P.off_kz, d);
+      a[r] = HalfAt(rec + P.off_ka, d);
+      z[r] = HalfAt(rec + P.off_kz, d);
     }
     SplitHalf2(q[0] * a[0], q[1] * a[1], &qa[i][0], &qal[i][0]);
     SplitHalf2(q[2] * a[2], q[3] * a[3], &qa[i][1], &qal[i][1]);
