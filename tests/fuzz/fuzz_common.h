@@ -71,4 +71,17 @@ inline kvarn_context_t* CpuContext(int threads) {
   return c;
 }
 
+// The cache whose blobs fuzz_import imports and make_seeds writes as its corpus: both sides must
+// agree on the configuration, so it is made in one place.
+inline kvarn_cache_options_t ImportCacheOptions(int max_sequences) {
+  kvarn_cache_options_t o;
+  kvarn_cache_options_defaults(&o);
+  KVFUZZ_CHECK(kvarn_config_from_preset("k4v2_g64", 64, &o.config) == KVARN_OK);
+  o.num_layers = 2;
+  o.num_kv_heads = 1;
+  o.max_tokens = 64 * 4;
+  o.max_sequences = max_sequences;
+  return o;
+}
+
 }  // namespace kvfuzz

@@ -17,13 +17,7 @@ kvarn_cache_t* g_cache = nullptr;
 
 void Setup() {
   g_ctx = kvfuzz::CpuContext(1);
-  kvarn_cache_options_t o;
-  kvarn_cache_options_defaults(&o);
-  KVFUZZ_CHECK(kvarn_config_from_preset("k4v2_g64", 64, &o.config) == KVARN_OK);
-  o.num_layers = 2;
-  o.num_kv_heads = 1;
-  o.max_tokens = 64 * 4;
-  o.max_sequences = 2;
+  const kvarn_cache_options_t o = kvfuzz::ImportCacheOptions(2);
   KVFUZZ_CHECK(kvarn_cache_create(g_ctx, &o, &g_cache) == KVARN_OK);
 }
 

@@ -33,13 +33,7 @@ int main(int argc, char** argv) {
   kvarn_context_t* ctx = kvfuzz::CpuContext(1);
 
   // fuzz_import: blobs of the cache fuzz_import.cpp uses, with flag bytes 0 and 1.
-  kvarn_cache_options_t o;
-  kvarn_cache_options_defaults(&o);
-  KVFUZZ_CHECK(kvarn_config_from_preset("k4v2_g64", 64, &o.config) == KVARN_OK);
-  o.num_layers = 2;
-  o.num_kv_heads = 1;
-  o.max_tokens = 64 * 4;
-  o.max_sequences = 4;
+  const kvarn_cache_options_t o = kvfuzz::ImportCacheOptions(4);
   kvarn_cache_t* cache = nullptr;
   KVFUZZ_CHECK(kvarn_cache_create(ctx, &o, &cache) == KVARN_OK);
   const std::vector<std::pair<size_t, size_t>> lens = {{0, 0}, {10, 0}, {130, 0}, {3, 5}};
