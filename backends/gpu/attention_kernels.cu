@@ -15,6 +15,7 @@
 // through the context's sticky error words (gpu_common.cuh) and the bad tiles skipped.
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <string>

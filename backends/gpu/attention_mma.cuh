@@ -4,13 +4,14 @@
 //
 // Decode reads every record once per KV head and does little arithmetic on it, so the kernel is
 // built to keep HBM busy: whole records stream into a CTA-wide shared-memory ring (sm_90: one
-// bulk asynchronous copy per record, completing on an mbarrier; sm_80: cp.async), issued
-// kRingIters iterations ahead of the warps that consume them, so that 2 records per CTA (28 KB,
-// ~80 KB per SM at 3 CTAs) are in flight while the warps compute on the previous ones.
+// bulk asynchronous copy per record, completing on an mbarrier; sm_80: cp.async) of kStages
+// records, so that kStages - kWarps records per CTA are in flight while the warps compute on the
+// others (G 128: 6 stages, 2 CTAs per SM; G 64: 8 stages, 3 CTAs per SM).
 //
-// Each warp owns a 64-token window of a tile (G 128: two warps per record, two records per CTA
-// iteration; G 64: one warp per record, four at a time) and keeps its own online softmax; the
-// CTA's 4 warps merge at the end. Per window, with 8 query rows n (zero-padded):
+// Each warp takes a whole record at a time (record k of the split goes to warp k % kWarps) and
+// keeps its own online softmax; the CTA's 4 warps merge at the end. A record's query fragments
+// (which depend on its channel scales) are built once per record, and its G tokens are one
+// softmax step. Per record, with 8 query rows n (zero-padded):
 //   scores  S^T[t, n] = sum_d code[d, t] * (q'[n, d] a_d)      (mma m16n8k16: M tokens, K d)
 //   values  O^T[d, n] += sum_t code[t, d] * (p[n, t] a'_t)     (mma m16n8k16: M d, K tokens)
 // The integer codes are the A operand, unpacked to fp16 with byte permutes and the 0x6400
@@ -35,17 +36,21 @@ namespace mma {
 constexpr int kWarps = 4;
 constexpr int kD = 128;
 constexpr int kKChunks = kD / 16;        // k-chunks of the score product, m-tiles of the values
-constexpr int kTM = 4;                   // m-tiles of 16 tokens per warp window
-constexpr int kWindow = 16 * kTM;        // tokens per warp window
-constexpr int kPStride = kWindow + 8;    // halves per row of a warp's P buffer (no conflicts)
-constexpr int kRingIters = 2;            // CTA iterations of records the ring holds
+// Halves per row of a warp's P buffer for TM m-tiles of 16 tokens (+8: no bank conflicts).
+template <int TM>
+constexpr int PStride() {
+  return 16 * TM + 8;
+}
 
 // The record ring of one tile size (k4v2, D128).
 template <int G>
 struct Ring {
-  static constexpr int kWarpsPerRecord = G / kWindow;           // 2 (G 128) or 1 (G 64)
-  static constexpr int kSlots = kWarps / kWarpsPerRecord;       // records consumed at once
-  static constexpr int kStages = kRingIters * kSlots;
+  static constexpr int kTM = G / 16;      // m-tiles of 16 tokens: a warp takes a whole record
+  static constexpr int kSlots = kWarps;   // records consumed at once, one per warp
+  // Stages: the records consumed plus those in flight. G 128: 6 (83 KB; 2 CTAs per SM with up to
+  // 255 registers per thread); G 64: 8 (58 KB; 3 CTAs per SM, 168 registers).
+  static constexpr int kStages = G == 128 ? 6 : 8;
+  static constexpr int kMinCtasPerSm = G == 128 ? 2 : 3;
   static constexpr int kRecordBytes = G * kD * 6 / 8 + 6 * kD + 6 * G;
   static constexpr int kStageBytes = (kRecordBytes + 127) / 128 * 128;
   static_assert(kRecordBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
@@ -149,9 +154,19 @@ __device__ __forceinline__ uint32_t PackHalf2(float lo, float hi) {
 // (exact: a power of two). The 1024 is never subtracted per element either; each product sums
 // it into the accumulator once per k, and the caller removes 1024 * (sum of the other operand)
 // in fp32.
+// SASS has one immediate per LOP3, so the C form (z & mask) | 0x64006400 takes two; with the
+// exponent bits in a register operand (hoisted out of the loops) it is one.
 template <uint32_t kMask>
 __device__ __forceinline__ uint32_t BiasedCodes(uint32_t z) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n"  // (a & b) | c
+      : "=r"(r)
+      : "r"(z), "n"(kMask * 0x00010001u), "r"(0x64006400u));
+  return r;
+#else
   return (z & (kMask * 0x00010001u)) | 0x64006400u;
+#endif
 }
 constexpr float kCodeBias = 1024.f;
 
@@ -199,6 +214,14 @@ __device__ __forceinline__ void LoadTokenScales(const uint8_t* field, int g, flo
   }
 }
 
+// 2^x in one MUFU.EX2 (exp2f adds range reduction for results below 2^-126, which only make
+// probabilities of 0 here); 2^-inf = +0.
+__device__ __forceinline__ float FastExp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // Per-warp state of the online softmax over the tiles it visits (log2 domain).
 struct WarpState {
   float m[2];              // running max of rows 2c, 2c+1 (warp-uniform per row)
@@ -214,11 +237,12 @@ struct ScoreTerms {
 };
 constexpr float kHiNibble = 1.f / 16.f;
 
-// Scores of one window into s (C fragments of TM m-tiles), with masking and softmax; writes
-// p * a'_t (or p) for rows n = 2c, 2c+1 to the warp's P buffer and returns in alpha the
-// rescale factors, in pzz the value-zero sums sum p z'_t and in pb the code bias of the value
-// product, 1024 * sum of the fp16 P operand, of the two rows (both 0 for pages).
-template <int TM>
+// Scores of one tile into s (C fragments of TM m-tiles), with masking (kMask: some key of the
+// tile is past some row's limit) and softmax; writes p * a'_t (or p) for rows n = 2c, 2c+1 to
+// the warp's P buffer and returns in alpha the rescale factors, in pzz the value-zero sums
+// sum p z'_t and in pb the code bias of the value product, 1024 * sum of the fp16 P operand, of
+// the two rows (both 0 for pages).
+template <int TM, bool kMask>
 __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 * TM],
                                         const float (&va)[2 * TM], const float (&vz)[2 * TM],
                                         bool is_record, const ScoreTerms& T, int key0, int lim0,
@@ -241,8 +265,10 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
           b = ct[2 * j + 1] * fmaf(b, kHiNibble, T.qzh[1]);
         }
       }
-      a = key < lim0 ? a : -INFINITY;
-      b = key < lim1 ? b : -INFINITY;
+      if (kMask) {
+        a = key < lim0 ? a : -INFINITY;
+        b = key < lim1 ? b : -INFINITY;
+      }
       s[j][2 * e] = a;
       s[j][2 * e + 1] = b;
       mx0 = fmaxf(mx0, a);
@@ -255,8 +281,10 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
   }
   const float mn0 = fmaxf(W.m[0], mx0), mn1 = fmaxf(W.m[1], mx1);
-  alpha[0] = W.m[0] == -INFINITY ? 0.f : exp2f(W.m[0] - mn0);
-  alpha[1] = W.m[1] == -INFINITY ? 0.f : exp2f(W.m[1] - mn1);
+  // A row with no key yet keeps m = -inf; subtracting 0 then gives 2^-inf = 0 for its p and alpha.
+  const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
+  alpha[0] = FastExp2(W.m[0] - ms0);
+  alpha[1] = FastExp2(W.m[1] - ms1);
   W.m[0] = mn0;
   W.m[1] = mn1;
   float sum0 = 0.f, sum1 = 0.f, z0 = 0.f, z1 = 0.f, b0 = 0.f, b1 = 0.f;
@@ -265,10 +293,7 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
   for (int j = 0; j < TM; ++j) {
     float p[4];
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const float mn = (e & 1) ? mn1 : mn0;
-      p[e] = mn == -INFINITY ? 0.f : exp2f(s[j][e] - mn);
-    }
+    for (int e = 0; e < 4; ++e) p[e] = FastExp2(s[j][e] - ((e & 1) ? ms1 : ms0));
     sum0 += p[0] + p[2];
     sum1 += p[1] + p[3];
     if (is_record) {
@@ -300,8 +325,8 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
   pb[0] = kCodeBias * b0;
   pb[1] = kCodeBias * b1;
   // Rows 2c and 2c+1, tokens 2*TM*g .. 2*TM*g + 2*TM - 1 (16-byte stores).
-  uint4* r0 = reinterpret_cast<uint4*>(pbuf + (2 * c) * kPStride + 2 * TM * g);
-  uint4* r1 = reinterpret_cast<uint4*>(pbuf + (2 * c + 1) * kPStride + 2 * TM * g);
+  uint4* r0 = reinterpret_cast<uint4*>(pbuf + (2 * c) * PStride<TM>() + 2 * TM * g);
+  uint4* r1 = reinterpret_cast<uint4*>(pbuf + (2 * c + 1) * PStride<TM>() + 2 * TM * g);
 #pragma unroll
   for (int v = 0; v < TM / 4; ++v) {
     r0[v] = make_uint4(packed0[4 * v], packed0[4 * v + 1], packed0[4 * v + 2], packed0[4 * v + 3]);
@@ -319,16 +344,17 @@ __device__ __forceinline__ void ScatterQueryFragments(const float* q, float* qf)
   }
 }
 
-// One warp's 64-token window (tokens tok0 .. tok0 + 63) of a record tile held in shared memory.
+// One warp's pass over a whole record tile (G tokens from key0) held in shared memory.
+// lim_min: the smallest key limit of the CTA's query rows (no masking below it).
 template <int G>
-__device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t* rec,
-                                             const float* qf, int tok0, int key0, int lim0,
-                                             int lim1, __half* pbuf, WarpState& W) {
-  constexpr int TM = kTM;
+__device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* rec,
+                                           const float* qf, int key0, int lim0, int lim1,
+                                           int lim_min, __half* pbuf, WarpState& W) {
+  constexpr int TM = G / 16;
   const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
   // B fragments of the score product: (q' a) for row n = g, channels 16i + c + 4r, r = 0..3.
   uint32_t qa[kKChunks][2], qal[kKChunks][2];  // B operand, high and low fp16 parts
-  float qz = 0.f, qb = 0.f;                     // sum q z, and sum of the B operand
+  float qz = 0.f;                               // sum q z
 #pragma unroll
   for (int i = 0; i < kKChunks; ++i) {
     float q[4], a[4], z[4];
@@ -341,43 +367,55 @@ __device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t*
     }
     SplitHalf2(q[0] * a[0], q[1] * a[1], &qa[i][0], &qal[i][0]);
     SplitHalf2(q[2] * a[2], q[3] * a[3], &qa[i][1], &qal[i][1]);
-    // The zero term, and the B operand the products see (hi + lo) for the code bias.
-    const float2 h01 = Half2AsFloat2(qa[i][0]), h23 = Half2AsFloat2(qa[i][1]);
-    const float2 l01 = Half2AsFloat2(qal[i][0]), l23 = Half2AsFloat2(qal[i][1]);
-    qz += q[0] * z[0] + q[1] * z[1] + q[2] * z[2] + q[3] * z[3];
-    qb += ((h01.x + l01.x) + (h01.y + l01.y)) + ((h23.x + l23.x) + (h23.y + l23.y));
+    qz += q[0] * z[0] + q[1] * z[1] + q[2] * z[2] + q[3] * z[3];  // the zero term
+  }
+  // The code bias needs the sum of the B operand the products see (hi + lo) over the channels,
+  // per row: an all-ones A gives exactly those column sums, already where the scores need them
+  // (C columns 2c, 2c+1).
+  float bsum[4] = {0.f, 0.f, 0.f, 0.f};
+  const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+#pragma unroll
+  for (int i = 0; i < kKChunks; ++i) {
+    Mma16816(bsum, ones, qa[i]);
+    Mma16816(bsum, ones, qal[i]);
   }
   qz += __shfl_xor_sync(0xffffffffu, qz, 1);
   qz += __shfl_xor_sync(0xffffffffu, qz, 2);
-  qb += __shfl_xor_sync(0xffffffffu, qb, 1);
-  qb += __shfl_xor_sync(0xffffffffu, qb, 2);
   ScoreTerms T;
 #pragma unroll
   for (int e = 0; e < 2; ++e) {  // rows n = 2c + e live in the lanes of thread group 2c + e
     const float z = __shfl_sync(0xffffffffu, qz, (2 * c + e) * 4);
-    const float bias = kCodeBias * __shfl_sync(0xffffffffu, qb, (2 * c + e) * 4);
+    const float bias = kCodeBias * bsum[e];
     T.qzl[e] = z - bias;
     T.qzh[e] = z - bias * kHiNibble;
   }
 
-  // Scores: byte j of the word a thread reads from channel row d holds window tokens 8g + 2j
-  // (low nibble) and 8g + 2j + 1 (high nibble).
+  // Scores: byte j of the TM bytes a thread reads from channel row d holds tokens 2TMg + 2j
+  // (low nibble) and 2TMg + 2j + 1 (high nibble).
   float s[TM][4];
 #pragma unroll
   for (int j = 0; j < TM; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-  const uint8_t* kcodes = rec + P.off_kcodes + tok0 / 2 + TM * g;
+  constexpr int kWords = TM / 4;  // 32-bit words per channel row and thread
+  const uint8_t* kcodes = rec + P.off_kcodes + TM * g;
   constexpr int kRowBytes = G / 2;  // 4-bit codes of G tokens
 #pragma unroll
   for (int i = 0; i < kKChunks; ++i) {
-    uint32_t w[4];
+    uint32_t w[4][kWords];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      w[r] = *reinterpret_cast<const uint32_t*>(kcodes + (16 * i + c + 4 * r) * kRowBytes);
+      const uint8_t* row = kcodes + (16 * i + c + 4 * r) * kRowBytes;
+      if constexpr (kWords == 2) {
+        const uint2 u = *reinterpret_cast<const uint2*>(row);
+        w[r][0] = u.x;
+        w[r][1] = u.y;
+      } else {
+        w[r][0] = *reinterpret_cast<const uint32_t*>(row);
+      }
     }
 #pragma unroll
     for (int j = 0; j < TM; ++j) {
-      const uint32_t z01 = PairBytes(w[0], w[1], j);
-      const uint32_t z23 = PairBytes(w[2], w[3], j);
+      const uint32_t z01 = PairBytes(w[0][j / 4], w[1][j / 4], j % 4);
+      const uint32_t z23 = PairBytes(w[2][j / 4], w[3][j / 4], j % 4);
       // Rows g + 8 (the high nibbles) come 16x scaled: Softmax divides.
       const uint32_t a[4] = {BiasedCodes<0x0F>(z01), BiasedCodes<0xF0>(z01),
                              BiasedCodes<0x0F>(z23), BiasedCodes<0xF0>(z23)};
@@ -386,11 +424,15 @@ __device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t*
     }
   }
   float ct[2 * TM], va[2 * TM], vz[2 * TM];
-  LoadTokenScales<TM>(rec + P.off_kc + 2 * tok0, g, ct);
-  LoadTokenScales<TM>(rec + P.off_va + 2 * tok0, g, va);
-  LoadTokenScales<TM>(rec + P.off_vz + 2 * tok0, g, vz);
+  LoadTokenScales<TM>(rec + P.off_kc, g, ct);
+  LoadTokenScales<TM>(rec + P.off_va, g, va);
+  LoadTokenScales<TM>(rec + P.off_vz, g, vz);
   float alpha[2], pzz[2], pb[2];
-  Softmax<TM>(s, ct, va, vz, true, T, key0, lim0, lim1, g, c, W, pbuf, alpha, pzz, pb);
+  if (key0 + G > lim_min) {
+    Softmax<TM, true>(s, ct, va, vz, true, T, key0, lim0, lim1, g, c, W, pbuf, alpha, pzz, pb);
+  } else {
+    Softmax<TM, false>(s, ct, va, vz, true, T, key0, lim0, lim1, g, c, W, pbuf, alpha, pzz, pb);
+  }
 
   // Values: O^T[d, n] for d = 16g + 4k + {0..3}.
   float o[kKChunks][4];
@@ -401,8 +443,8 @@ __device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t*
 #pragma unroll
   for (int kc = 0; kc < TM; ++kc) {
     uint32_t b[2];
-    LdMatrixX2(b, pbuf + (lane % 8) * kPStride + 16 * kc + 8 * ((lane / 8) % 2));
-    const uint8_t* base = vcodes + (tok0 + 16 * kc + 2 * c) * kVRowBytes + 4 * g;
+    LdMatrixX2(b, pbuf + (lane % 8) * PStride<TM>() + 16 * kc + 8 * ((lane / 8) % 2));
+    const uint8_t* base = vcodes + (16 * kc + 2 * c) * kVRowBytes + 4 * g;
     const uint32_t x = *reinterpret_cast<const uint32_t*>(base);
     const uint32_t y = *reinterpret_cast<const uint32_t*>(base + kVRowBytes);
     const uint32_t u = *reinterpret_cast<const uint32_t*>(base + 8 * kVRowBytes);
@@ -424,24 +466,35 @@ __device__ __forceinline__ void RecordWindow(const AttnParams& P, const uint8_t*
   const uint4* vcp = reinterpret_cast<const uint4*>(rec + P.off_vc + 2 * (16 * g));
   const uint4 c0 = vcp[0], c1 = vcp[1];
   const uint32_t cw[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
+  // (o - pb) * inv + pzz = o * inv + off, with off per row and code shift (inv = 2^-shift).
+  float off[4][2];
+#pragma unroll
+  for (int sh = 0; sh < 4; ++sh) {
+    const float inv = 1.f / static_cast<float>(1 << (2 * sh));
+    off[sh][0] = fmaf(-pb[0], inv, pzz[0]);
+    off[sh][1] = fmaf(-pb[1], inv, pzz[1]);
+  }
 #pragma unroll
   for (int mt = 0; mt < kKChunks; ++mt) {
     const float2 cv = Half2AsFloat2(cw[mt]);  // channels 16g + 2mt, +1
-    const float inv0 = mt % 2 ? 1.f / 16.f : 1.f, inv1 = mt % 2 ? 1.f / 64.f : 1.f / 4.f;
-    W.acc[mt][0] = W.acc[mt][0] * alpha[0] + cv.x * fmaf(o[mt][0] - pb[0], inv0, pzz[0]);
-    W.acc[mt][1] = W.acc[mt][1] * alpha[1] + cv.x * fmaf(o[mt][1] - pb[1], inv0, pzz[1]);
-    W.acc[mt][2] = W.acc[mt][2] * alpha[0] + cv.y * fmaf(o[mt][2] - pb[0], inv1, pzz[0]);
-    W.acc[mt][3] = W.acc[mt][3] * alpha[1] + cv.y * fmaf(o[mt][3] - pb[1], inv1, pzz[1]);
+    const int sh0 = mt % 2 ? 2 : 0, sh1 = sh0 + 1;  // code shifts 4(mt%2) and 4(mt%2) + 2 bits
+    const float inv0 = 1.f / static_cast<float>(1 << (2 * sh0));
+    const float inv1 = 1.f / static_cast<float>(1 << (2 * sh1));
+    W.acc[mt][0] = fmaf(cv.x, fmaf(o[mt][0], inv0, off[sh0][0]), W.acc[mt][0] * alpha[0]);
+    W.acc[mt][1] = fmaf(cv.x, fmaf(o[mt][1], inv0, off[sh0][1]), W.acc[mt][1] * alpha[1]);
+    W.acc[mt][2] = fmaf(cv.y, fmaf(o[mt][2], inv1, off[sh1][0]), W.acc[mt][2] * alpha[0]);
+    W.acc[mt][3] = fmaf(cv.y, fmaf(o[mt][3], inv1, off[sh1][1]), W.acc[mt][3] * alpha[1]);
   }
   __syncwarp();
 }
 
-// One warp's 64-token window of an fp16 page tile (sink or tail), read from global memory:
+// One warp's pass over an fp16 page tile (sink or tail) of G tokens, read from global memory:
 // the same fragments, from halves. `valid` counts the tile's tokens before the sequence end.
-__device__ __forceinline__ void PageWindow(const __half* kp, const __half* vp, int valid,
-                                           const float* qs, int tok0, int key0, int lim0,
-                                           int lim1, __half* pbuf, WarpState& W) {
-  constexpr int TM = kTM;
+template <int G>
+__device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int valid,
+                                         const float* qs, int key0, int lim0, int lim1,
+                                         __half* pbuf, WarpState& W) {
+  constexpr int TM = G / 16;
   const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
   uint32_t qh[kKChunks][2], ql[kKChunks][2];
   const float* qrow = qs + g * kD;
@@ -455,7 +508,7 @@ __device__ __forceinline__ void PageWindow(const __half* kp, const __half* vp, i
 #pragma unroll
   for (int j = 0; j < TM; ++j) {
     s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-    const int t0 = tok0 + 2 * TM * g + 2 * j;
+    const int t0 = 2 * TM * g + 2 * j;
     // Rows past the sequence end may hold anything: their scores are masked below, and their
     // values are never read (zeroed), so NaN cannot leak in.
     const __half* r0 = kp + static_cast<size_t>(t0) * kD;
@@ -471,7 +524,7 @@ __device__ __forceinline__ void PageWindow(const __half* kp, const __half* vp, i
   }
   float none[2 * TM];
   float alpha[2], pzz[2], pb[2];
-  Softmax<TM>(s, none, none, none, false, ScoreTerms{}, key0, lim0, lim1, g, c, W, pbuf, alpha,
+  Softmax<TM, true>(s, none, none, none, false, ScoreTerms{}, key0, lim0, lim1, g, c, W, pbuf, alpha,
               pzz, pb);
   float o[kKChunks][4];
 #pragma unroll
@@ -479,11 +532,11 @@ __device__ __forceinline__ void PageWindow(const __half* kp, const __half* vp, i
 #pragma unroll
   for (int kc = 0; kc < TM; ++kc) {
     uint32_t b[2];
-    LdMatrixX2(b, pbuf + (lane % 8) * kPStride + 16 * kc + 8 * ((lane / 8) % 2));
+    LdMatrixX2(b, pbuf + (lane % 8) * PStride<TM>() + 16 * kc + 8 * ((lane / 8) % 2));
     uint32_t rows[4][8];  // tokens 16kc + 2c + {0, 1, 8, 9}, channels 16g .. 16g+15
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int t = tok0 + 16 * kc + 2 * c + (r & 1) + 8 * (r >> 1);
+      const int t = 16 * kc + 2 * c + (r & 1) + 8 * (r >> 1);
       const uint4* p = reinterpret_cast<const uint4*>(vp + static_cast<size_t>(t) * kD + 16 * g);
       uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
       if (t < valid) {
@@ -526,12 +579,12 @@ struct MmaSmem {
   } u;
   float q[kRows * kD];                 // rotated queries * scale * log2(e)
   float qf[kKChunks * 4 * kWarpSize];  // the same, in the order the B fragments read them
-  __half p[kWarps][kRows * kPStride];  // per-warp probabilities
+  __half p[kWarps][kRows * PStride<Ring<G>::kTM>()];  // per-warp probabilities
   float wm[kWarps][kRows], wl[kWarps][kRows];
   float m[kRows], l[kRows];
   int limit[kRows], qrow[kRows];
   uint64_t full[Ring<G>::kStages];   // the stage's record has landed
-  uint64_t empty[Ring<G>::kStages];  // the stage's warps are done with it
+  uint64_t empty[Ring<G>::kStages];  // the stage's warp is done with it
 };
 
 __device__ __forceinline__ const uint8_t* RecordAt(const AttnParams& P, int id, int h) {
@@ -539,15 +592,19 @@ __device__ __forceinline__ const uint8_t* RecordAt(const AttnParams& P, int id, 
 }
 
 // Starts the copy of record `id` into `stage`; its `full` barrier completes when it has landed.
-// kBulk (sm_90): the slot's first thread alone, one bulk copy. Otherwise the slot's threads
-// (index li of n), 16 bytes each with cp.async. A bad table entry copies nothing but still
-// arrives, and the consumers, who check the entry themselves, skip the tile.
+// Called by all 32 lanes (index li of n) of the issuing warp, and every lane arrives on `full`:
+// each lane's arrival releases its own reads of the record that stage held before to the warp
+// that waits for the new one (mbarrier.arrive releases the arriving thread's accesses only).
+// kBulk (sm_90): lane 0 starts one bulk copy (its arrival expects the bytes). Otherwise every
+// lane copies 16 bytes at a time with cp.async, arriving when its copies complete. A bad table
+// entry copies nothing but still arrives, and the consumers, who check the entry themselves,
+// skip the tile.
 template <int G, bool kBulk>
 __device__ __forceinline__ void IssueRecord(const AttnParams& P, MmaSmem<G>& S, int stage, int id,
                                             int h, int li, int n) {
   const bool ok = id >= 0 && id < P.num_record_blocks;
   if constexpr (kBulk) {
-    if (ok) {
+    if (ok && li == 0) {
       BulkCopy(S.u.ring[stage], RecordAt(P, id, h), Ring<G>::kRecordBytes, &S.full[stage]);
     } else {
       BarrierArrive(&S.full[stage]);
@@ -565,18 +622,16 @@ __device__ __forceinline__ void IssueRecord(const AttnParams& P, MmaSmem<G>& S, 
   }
 }
 
-// kBulk: sm_90's bulk copies (else cp.async, sm_80+). 3 CTAs per SM: 168 registers, ~68 KB of
-// shared memory each.
+// kBulk: sm_90's bulk copies (else cp.async, sm_80+). Ring<G>::kMinCtasPerSm CTAs per SM.
 template <int G, bool kBulk>
-__global__ void __launch_bounds__(kWarps * 32, 3) MmaAttentionKernel(AttnParams P) {
+__global__ void __launch_bounds__(kWarps * 32, Ring<G>::kMinCtasPerSm)
+    MmaAttentionKernel(AttnParams P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   using R = Ring<G>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   MmaSmem<G>& S = *reinterpret_cast<MmaSmem<G>*>(smem_raw);
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int g = lane >> 2, c = lane & 3;
-  const int slot = warp / R::kWarpsPerRecord;                 // which record of an iteration
-  const int tok0 = (warp % R::kWarpsPerRecord) * kWindow;  // which window of it
   WorkItem w;
   if (!ReadWorkItem(P, G, &w)) return;
   const int split = w.split, h = w.h, b = w.b, N = w.N, rt = w.rt, tiles = w.tiles;
@@ -587,30 +642,23 @@ __global__ void __launch_bounds__(kWarps * 32, 3) MmaAttentionKernel(AttnParams 
   const int nrec = max(0, r_hi - r_lo);
   const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
 
-  // Each slot (the kWarpsPerRecord warps that share a record) consumes the records k = slot,
-  // slot + kSlots, ... from stages k % kStages on its own, so slots never wait for each other.
-  const int slot_threads = R::kWarpsPerRecord * kWarpSize;
-  const int li = tid % slot_threads;      // index within the slot
-  const bool issuer = !kBulk || li == 0;  // the threads that start the slot's copies
+  // Warp v consumes the records k = v, v + kWarps, ... from stages k % kStages. When it is done
+  // with record k it refills that stage with record k + kStages, which another warp consumes:
+  // every wait is on a smaller record index, so the ring cannot deadlock.
   if (tid == 0) {
     for (int st = 0; st < R::kStages; ++st) {
-      BarrierInit(&S.full[st], kBulk ? 1 : slot_threads);
-      BarrierInit(&S.empty[st], R::kWarpsPerRecord);
+      BarrierInit(&S.full[st], kWarpSize);
+      BarrierInit(&S.empty[st], 1);
     }
     BarrierInitFence();
   }
   if (tid < kRows) SetRow(P, w, tid, S.qrow, S.limit);
   __syncthreads();
   // Start the ring: its first copies overlap the query setup and the page tiles.
-  if (issuer) {
-#pragma unroll
-    for (int it = 0; it < kRingIters; ++it) {
-      const int k = slot + it * R::kSlots;
-      if (k < nrec) IssueRecord<G, kBulk>(P, S, k, table[r_lo + k], h, li, slot_threads);
-    }
+  for (int k = warp; k < min(nrec, R::kStages); k += kWarps) {
+    IssueRecord<G, kBulk>(P, S, k, table[r_lo + k], h, lane, kWarpSize);
   }
   // Scores in the log2 domain.
-
   LoadQueries(P, S.qrow, kD, P.scale * 1.4426950408889634f, S.q);
   __syncthreads();
   ScatterQueryFragments(S.q, S.qf);
@@ -623,47 +671,48 @@ __global__ void __launch_bounds__(kWarps * 32, 3) MmaAttentionKernel(AttnParams 
   for (int mt = 0; mt < kKChunks; ++mt)
     W.acc[mt][0] = W.acc[mt][1] = W.acc[mt][2] = W.acc[mt][3] = 0.f;
   const int lim0 = S.limit[2 * c], lim1 = S.limit[2 * c + 1];
+  int lim_min = INT_MAX;  // padding rows are never stored: they need no mask
+  for (int r = 0; r < kRows; ++r) lim_min = S.qrow[r] >= 0 ? min(lim_min, S.limit[r]) : lim_min;
   const size_t page_elems = static_cast<size_t>(P.Hk) * G * kD;
   __half* pbuf = S.p[warp];
-  const bool reporter = warp % R::kWarpsPerRecord == 0 && lane == 0;
+  const bool reporter = lane == 0;
 
   // fp16 page tiles (sink and unflushed tail), straight from global memory, round-robin over
-  // the slots.
+  // the warps.
   for (int tile = t_begin, n = 0; tile < t_end; ++tile) {
     if (tile >= r_lo && tile < r_hi) continue;
-    if (n++ % R::kSlots != slot) continue;
+    if (n++ % kWarps != warp) continue;
     const int id = table[tile];
     if (id < 0 || id >= P.num_pages) {
       if (reporter) ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
       continue;
     }
     const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * kD;
-    PageWindow(reinterpret_cast<const __half*>(P.k_pages) + off,
-               reinterpret_cast<const __half*>(P.v_pages) + off, min(G, N - tile * G), S.q, tok0,
-               tile * G + tok0, lim0, lim1, pbuf, W);
+    PageTile<G>(reinterpret_cast<const __half*>(P.k_pages) + off,
+                reinterpret_cast<const __half*>(P.v_pages) + off, min(G, N - tile * G), S.q,
+                tile * G, lim0, lim1, pbuf, W);
   }
 
-  // Record tiles from the ring. When the slot's warps have all arrived on a stage's `empty`
-  // barrier, the issuers refill it with the record kStages further on (its table entry read
-  // before the wait).
-  for (int k = slot; k < nrec; k += R::kSlots) {
+  // Record tiles from the ring. After its `empty` arrival the warp refills the stage with the
+  // record kStages further on (its table entry read before the wait for this one).
+  for (int k = warp; k < nrec; k += kWarps) {
     const int stage = k % R::kStages;
     const uint32_t parity = (k / R::kStages) & 1;
     const int next = k + R::kStages;
-    const int next_id = issuer && next < nrec ? table[r_lo + next] : -1;
+    const int next_id = next < nrec ? table[r_lo + next] : -1;
     BarrierWait(&S.full[stage], parity);
     const int tile = r_lo + k;
     const int id = table[tile];
     if (id >= 0 && id < P.num_record_blocks) {
-      RecordWindow<G>(P, S.u.ring[stage], S.qf, tok0, tile * G + tok0, lim0, lim1, pbuf, W);
+      RecordTile<G>(P, S.u.ring[stage], S.qf, tile * G, lim0, lim1, lim_min, pbuf, W);
     } else if (reporter) {
       ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
     }
     __syncwarp();
     if (lane == 0) BarrierArrive(&S.empty[stage]);
-    if (issuer && next < nrec) {
+    if (next < nrec) {
       BarrierWait(&S.empty[stage], parity);
-      IssueRecord<G, kBulk>(P, S, stage, next_id, h, li, slot_threads);
+      IssueRecord<G, kBulk>(P, S, stage, next_id, h, lane, kWarpSize);
     }
   }
   __syncthreads();  // the ring's memory becomes the merge area
