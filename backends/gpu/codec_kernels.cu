@@ -63,10 +63,20 @@ Status DispatchD(int D, F&& f) {
   }
 }
 
-unsigned GridFor(Context* ctx, size_t work_items, unsigned per_block, unsigned blocks_per_sm) {
+// Blocks for a grid-stride kernel: enough for the work, at most one full wave. The wave is what
+// the kernel's registers let reside (not a fixed 8 per SM): a grid of 8 per SM where only 6 fit
+// (RotateKernel<128>: 40 registers) runs a partial second wave that leaves the GPU a third idle.
+template <typename Kernel>
+unsigned GridFor(Context* ctx, Kernel kernel, int threads, size_t work_items, unsigned per_block) {
+  int resident = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, threads, 0) != cudaSuccess ||
+      resident < 1) {
+    (void)cudaGetLastError();  // not sticky; one block per SM is still correct
+    resident = 1;
+  }
   const size_t want = (work_items + per_block - 1) / per_block;
-  const size_t cap =
-      static_cast<size_t>(State(ctx)->sm_count > 0 ? State(ctx)->sm_count : 1) * blocks_per_sm;
+  const size_t cap = static_cast<size_t>(State(ctx)->sm_count > 0 ? State(ctx)->sm_count : 1) *
+                     static_cast<size_t>(resident);
   return static_cast<unsigned>(want < 1 ? 1 : (want < cap ? want : cap));
 }
 
@@ -401,7 +411,7 @@ Status Rotate(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const vo
   return DispatchD(D, [&](auto d) -> Status {
     constexpr int kD = decltype(d)::value;
     const size_t groups = (rows + LaunchRowsPerWarp<kD>(s) - 1) / LaunchRowsPerWarp<kD>(s);
-    const unsigned grid = GridFor(ctx, groups, 256 / LaunchWarpSize(s), 8);
+    const unsigned grid = GridFor(ctx, RotateKernel<kD>, 256, groups, 256 / LaunchWarpSize(s));
     RotateKernel<kD><<<grid, 256, 0, s->stream>>>(rows, in_dtype, in, Aligned16(in), out_dtype, out,
                                                   Aligned16(out), scale);
     return CheckLaunch("RotateKernel");
@@ -449,7 +459,8 @@ Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t d
       constexpr int kD = decltype(d)::value;
       const size_t rows = n * G;
       const size_t groups = (rows + LaunchRowsPerWarp<kD>(s) - 1) / LaunchRowsPerWarp<kD>(s);
-      const dim3 grid(GridFor(ctx, groups, 256 / LaunchWarpSize(s), 8), 2);
+      const dim3 grid(GridFor(ctx, ConvertRowsKernel<kD>, 256, groups, 256 / LaunchWarpSize(s)),
+                      2);
       ConvertRowsKernel<kD><<<grid, 256, 0, s->stream>>>(
           k, v, dtype, vec, !cache_frame && cfg.k_rotate, !cache_frame && cfg.v_rotate, scale,
           first, G, rows, frame_k, frame_v, s->errors);
@@ -510,7 +521,7 @@ Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* r
   return DispatchD(cfg.D, [&](auto d) -> Status {
     constexpr int kD = decltype(d)::value;
     const size_t groups = (job.rows + LaunchRowsPerWarp<kD>(s) - 1) / LaunchRowsPerWarp<kD>(s);
-    const dim3 grid(GridFor(ctx, groups, 256 / LaunchWarpSize(s), 8), 2);
+    const dim3 grid(GridFor(ctx, DequantizeKernel<kD>, 256, groups, 256 / LaunchWarpSize(s)), 2);
     DequantizeKernel<kD><<<grid, 256, 0, s->stream>>>(job);
     return CheckLaunch("DequantizeKernel");
   });

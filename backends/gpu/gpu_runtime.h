@@ -79,6 +79,7 @@
 #define cudaStreamSynchronize hipStreamSynchronize
 #define cudaPointerGetAttributes hipPointerGetAttributes
 #define cudaFuncSetAttribute ::kvarn::gpu::HipFuncSetAttribute
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 
 // Device intrinsics. The whole wavefront takes part in every shuffle (the masks are full).
 #define __shfl_xor_sync(mask, var, lane_mask) __shfl_xor((var), (lane_mask))

@@ -4,7 +4,9 @@
 # Needs googletest sources in .devdeps/googletest (carried; Debian's /usr/src/googletest); the
 # python mode also needs .devdeps/swig (swig binary + its lib), .devdeps/wheels (pytest
 # and its deps) and .devdeps/austen-d128 (the model): see bench/gpu/README or the session notes.
-# Logs and CSVs go to $OUT (the device tool brings them back).
+# Logs and CSVs go to $OUT (the device tool brings them back). Environment knobs:
+# KVARN_SANITIZE_CODEC_TOOLS (the compute-sanitizer tools run on the codec suite; default all
+# three), KVARN_NCU_EXTRA (more ncu sections for the profile, e.g. "--section SourceCounters").
 set -uo pipefail
 mode=${1:-all}
 filter=${2:-}
@@ -87,7 +89,9 @@ if [[ $mode == *sanitize* || $mode == all ]]; then
       build/dev/tests/kvarn_test_cuda_attention --gtest_filter="$attn_filter" \
       >"$OUT/sanitize_${tool}_attention_cpasync.log" 2>&1
     summary+=("compute-sanitizer $tool attention (cp.async ring) rc=$?: $(grep -E 'SUMMARY' "$OUT/sanitize_${tool}_attention_cpasync.log" | tail -1)")
-    if [[ -x build/dev/tests/kvarn_test_cuda_codec ]]; then
+    # KVARN_SANITIZE_CODEC_TOOLS (default all three) limits the codec suite's tools: its
+    # racecheck takes ~100 s of device time.
+    if [[ -x build/dev/tests/kvarn_test_cuda_codec && " ${KVARN_SANITIZE_CODEC_TOOLS:-memcheck racecheck synccheck} " == *" $tool "* ]]; then
       compute-sanitizer --tool $tool --error-exitcode 9 build/dev/tests/kvarn_test_cuda_codec \
         --gtest_filter='*g128*:*Error*:*rror*' >"$OUT/sanitize_${tool}_codec.log" 2>&1
       summary+=("compute-sanitizer $tool codec rc=$?: $(grep -E 'SUMMARY' "$OUT/sanitize_${tool}_codec.log" | tail -1)")
@@ -104,7 +108,7 @@ if [[ $mode == *profile* || $mode == all ]]; then
   # What limits decode attention at B=32, 32k: one launch of the tensor-core kernel under ncu.
   ncu --clock-control none --kernel-name regex:MmaAttention --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
-    --section MemoryWorkloadAnalysis --section SchedulerStats --section SourceCounters \
+    --section MemoryWorkloadAnalysis --section SchedulerStats ${KVARN_NCU_EXTRA:-} \
     build/dev/bench_cuda_attention --shape 32 32768 >"$OUT/ncu_decode.txt" 2>&1
   summary+=("ncu rc=$?")
   # Batch 1: the split merge and the launch gaps matter there.
