@@ -15,9 +15,10 @@
 //   scores  S^T[t, n] = sum_d code[d, t] * (q'[n, d] a_d)      (mma m16n8k16: M tokens, K d)
 //   values  O^T[d, n] += sum_t code[t, d] * (p[n, t] a'_t)     (mma m16n8k16: M d, K tokens)
 // The integer codes are the A operand, unpacked to fp16 with byte permutes and the 0x6400
-// exponent trick (1024 + code, then minus 1024: exact). Which token or channel sits at which
-// fragment position is chosen so that every byte a thread loads feeds its own fragments:
-//   scores: m-tile j, row g -> window token 8g + 2j (low nibble), row g+8 -> the next token (high
+// exponent trick (1024 + code; the 1024 times the other operand's column sums, which an all-ones
+// A gives, is subtracted once). Which token or channel sits at which fragment position is
+// chosen so that every byte a thread loads feeds its own fragments (TM = G / 16 m-tiles):
+//   scores: m-tile j, row g -> token 2TMg + 2j (low nibble), row g+8 -> the next token (high
 //           nibble); k slot 2c+e+8h -> channel 16i + c + 4(e + 2h) (the 4 channel rows a thread
 //           reads are 4 apart, so the 4 thread columns c read 4 neighbouring rows: at most a
 //           2-way bank conflict where adjacent channels would give 4-way)
