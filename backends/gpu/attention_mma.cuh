@@ -194,7 +194,8 @@ __device__ __forceinline__ void LdMatrixX2(uint32_t (&b)[2], const __half* p) {
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0,%1}, [%2];\n"
                : "=r"(b[0]), "=r"(b[1])
-               : "r"(a));
+               : "r"(a)
+               : "memory");  // reads what plain stores wrote: not moved above them
 #endif
 }
 
