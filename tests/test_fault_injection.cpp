@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "support/kvarn_test.h"
+
 // ---- the allocation hook ----------------------------------------------------------------------
 
 namespace {
@@ -115,16 +117,6 @@ long ForEveryAllocation(const std::function<kvarn_status_t()>& op,
   return kMaxSites;
 }
 
-kvarn_context_t* Context(int threads) {
-  kvarn_context_options_t o;
-  kvarn_context_options_defaults(&o);
-  o.backend = KVARN_BACKEND_CPU;
-  o.num_threads = threads;
-  kvarn_context_t* c = nullptr;
-  EXPECT_EQ(kvarn_context_create(&o, &c), KVARN_OK) << kvarn_last_error();
-  return c;
-}
-
 std::vector<float> Tokens(size_t n, int salt) {
   std::vector<float> x(n * kHk * kD);
   for (size_t i = 0; i < x.size(); ++i) {
@@ -171,7 +163,7 @@ Snapshot Take(kvarn_cache_t* c, const std::vector<int64_t>& ids) {
 class FaultInjection : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
-    ctx_ = Context(GetParam());
+    ctx_ = kvt::MakeCpuContext(GetParam());
     ASSERT_NE(ctx_, nullptr);
     kvarn_cache_options_defaults(&opts_);
     ASSERT_EQ(kvarn_config_from_preset("k4v2_g64", kD, &opts_.config), KVARN_OK);
@@ -182,7 +174,7 @@ class FaultInjection : public ::testing::TestWithParam<int> {
   }
   void TearDown() override {
     kvarn_cache_destroy(cache_);
-    kvarn_context_destroy(ctx_);
+    ctx_.reset();
   }
 
   // Not armed: only for building states.
@@ -196,7 +188,7 @@ class FaultInjection : public ::testing::TestWithParam<int> {
   void Fresh() {
     kvarn_cache_destroy(cache_);
     cache_ = nullptr;
-    ASSERT_EQ(kvarn_cache_create(ctx_, &opts_, &cache_), KVARN_OK) << kvarn_last_error();
+    ASSERT_EQ(kvarn_cache_create(ctx_.get(), &opts_, &cache_), KVARN_OK) << kvarn_last_error();
     ASSERT_EQ(kvarn_cache_add_sequence(cache_, 1), KVARN_OK);
     ASSERT_EQ(kvarn_cache_add_sequence(cache_, 2), KVARN_OK);
     for (int l = 0; l < kLayers; ++l) {
@@ -228,7 +220,7 @@ class FaultInjection : public ::testing::TestWithParam<int> {
     return sites;
   }
 
-  kvarn_context_t* ctx_ = nullptr;
+  kvt::ContextPtr ctx_;
   kvarn_cache_t* cache_ = nullptr;
   kvarn_cache_options_t opts_;
   long total_sites_ = 0;
@@ -307,8 +299,8 @@ TEST_P(FaultInjection, CodecCallsReturnOutOfMemoryAndWriteNothing) {
   std::vector<uint8_t> rec(tiles * rb, 0xab);
   const long sites = ForEveryAllocation(
       [&] {
-        return kvarn_quantize(ctx_, &cfg, tiles, KVARN_DTYPE_F32, k.data(), v.data(), 0, rec.data(),
-                              rb);
+        return kvarn_quantize(ctx_.get(), &cfg, tiles, KVARN_DTYPE_F32, k.data(), v.data(), 0,
+                              rec.data(), rb);
       },
       [&](kvarn_status_t st, long n) {
         if (st == KVARN_OK) return;
@@ -320,8 +312,8 @@ TEST_P(FaultInjection, CodecCallsReturnOutOfMemoryAndWriteNothing) {
   std::vector<float> kd(k.size()), vd(v.size());
   EXPECT_GT(ForEveryAllocation(
                 [&] {
-                  return kvarn_dequantize(ctx_, &cfg, tiles, rec.data(), rb, 0, KVARN_DTYPE_F32,
-                                          kd.data(), vd.data());
+                  return kvarn_dequantize(ctx_.get(), &cfg, tiles, rec.data(), rb, 0,
+                                          KVARN_DTYPE_F32, kd.data(), vd.data());
                 },
                 [&](kvarn_status_t st, long n) {
                   if (st != KVARN_OK) EXPECT_EQ(st, KVARN_ERR_OUT_OF_MEMORY) << n;
@@ -330,8 +322,8 @@ TEST_P(FaultInjection, CodecCallsReturnOutOfMemoryAndWriteNothing) {
   std::vector<float> rot(k.size());
   ForEveryAllocation(
       [&] {
-        return kvarn_rotate(ctx_, kD, k.size() / kD, KVARN_DTYPE_F32, k.data(), KVARN_DTYPE_F32,
-                            rot.data());
+        return kvarn_rotate(ctx_.get(), kD, k.size() / kD, KVARN_DTYPE_F32, k.data(),
+                            KVARN_DTYPE_F32, rot.data());
       },
       [&](kvarn_status_t st, long n) {
         if (st != KVARN_OK) EXPECT_EQ(st, KVARN_ERR_OUT_OF_MEMORY) << n;

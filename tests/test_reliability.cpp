@@ -13,6 +13,8 @@
 #include <memory>
 #include <vector>
 
+#include "support/kvarn_test.h"
+
 namespace {
 
 // ---- helpers -------------------------------------------------------------------------------
@@ -62,24 +64,14 @@ void Reseal(uint8_t* blob, size_t n) {
 constexpr size_t kHeader = 64;
 constexpr size_t kLayerEntry = 24;
 
-struct CtxDeleter {
-  void operator()(kvarn_context_t* c) const { kvarn_context_destroy(c); }
-};
 struct CacheDeleter {
   void operator()(kvarn_cache_t* c) const { kvarn_cache_destroy(c); }
 };
-using CtxPtr = std::unique_ptr<kvarn_context_t, CtxDeleter>;
 using CachePtr = std::unique_ptr<kvarn_cache_t, CacheDeleter>;
+using CtxPtr = kvt::ContextPtr;
 
-CtxPtr CpuContext(int threads = 2) {
-  kvarn_context_options_t o;
-  kvarn_context_options_defaults(&o);
-  o.backend = KVARN_BACKEND_CPU;
-  o.num_threads = threads;
-  kvarn_context_t* c = nullptr;
-  EXPECT_EQ(kvarn_context_create(&o, &c), KVARN_OK) << kvarn_last_error();
-  return CtxPtr(c);
-}
+// Two threads: the cache operations go through the thread pool.
+CtxPtr CpuContext() { return kvt::MakeCpuContext(2); }
 
 kvarn_cache_options_t SmallOptions(int layers, int hk) {
   kvarn_cache_options_t o;
