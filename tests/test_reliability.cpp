@@ -68,10 +68,9 @@ struct CacheDeleter {
   void operator()(kvarn_cache_t* c) const { kvarn_cache_destroy(c); }
 };
 using CachePtr = std::unique_ptr<kvarn_cache_t, CacheDeleter>;
-using CtxPtr = kvt::ContextPtr;
 
 // Two threads: the cache operations go through the thread pool.
-CtxPtr CpuContext() { return kvt::MakeCpuContext(2); }
+kvt::ContextPtr CpuContext() { return kvt::MakeCpuContext(2); }
 
 kvarn_cache_options_t SmallOptions(int layers, int hk) {
   kvarn_cache_options_t o;
@@ -114,7 +113,7 @@ void AppendTokens(kvarn_cache_t* c, int64_t id, int layers, int hk, size_t n) {
 // ---- defect 1: import of a blob shorter than its own header ---------------------------------
 
 TEST(ImportShortBlob, HeaderLongerThanBlobIsCorruptNotAnOverRead) {
-  CtxPtr ctx = CpuContext();
+  kvt::ContextPtr ctx = CpuContext();
   const kvarn_cache_options_t o = SmallOptions(2, 2);
   CachePtr cache = MakeCache(ctx.get(), o);
   ASSERT_EQ(kvarn_cache_add_sequence(cache.get(), 1), KVARN_OK);
@@ -138,7 +137,7 @@ TEST(ImportShortBlob, HeaderLongerThanBlobIsCorruptNotAnOverRead) {
 // ---- defect 2: the import size check in 32-bit arithmetic -----------------------------------
 
 TEST(ImportSizeCheck, RecordTileCountTimesHeadsDoesNotWrap) {
-  CtxPtr ctx = CpuContext();
+  kvt::ContextPtr ctx = CpuContext();
   kvarn_cache_options_t o = SmallOptions(1, 256);
   o.max_sequences = 1;
   CachePtr cache = MakeCache(ctx.get(), o);
@@ -174,7 +173,7 @@ TEST(ImportSizeCheck, RecordTileCountTimesHeadsDoesNotWrap) {
 // ---- defect 7: size arithmetic that wraps ------------------------------------------------------
 
 TEST(SizeArithmetic, CacheMaxTokensNearInt64MaxIsRefused) {
-  CtxPtr ctx = CpuContext();
+  kvt::ContextPtr ctx = CpuContext();
   for (int64_t max_tokens : {INT64_MAX, INT64_MAX - 1, INT64_MAX - 62}) {
     kvarn_cache_options_t o = SmallOptions(1, 2);
     o.max_tokens = max_tokens;
@@ -209,7 +208,7 @@ struct FakePaged {
 };
 
 TEST(SizeArithmetic, PagedAppendStagingSizeDoesNotWrap) {
-  CtxPtr ctx = CpuContext();
+  kvt::ContextPtr ctx = CpuContext();
   kvarn_config_t cfg;
   ASSERT_EQ(kvarn_config_from_preset("k4v2_g128", 512, &cfg), KVARN_OK);
   // 2^25 tokens * 2^30 heads * 512 channels = 2^64: wraps to 0 in size_t.
@@ -223,7 +222,7 @@ TEST(SizeArithmetic, PagedAppendStagingSizeDoesNotWrap) {
 }
 
 TEST(SizeArithmetic, PagedAttentionQuerySizeDoesNotWrap) {
-  CtxPtr ctx = CpuContext();
+  kvt::ContextPtr ctx = CpuContext();
   kvarn_config_t cfg;
   ASSERT_EQ(kvarn_config_from_preset("k4v2_g128", 512, &cfg), KVARN_OK);
   // 2^25 query tokens * 2^30 query heads * 512 = 2^64.
@@ -244,7 +243,7 @@ TEST(SizeArithmetic, PagedAttentionQuerySizeDoesNotWrap) {
 TEST(SizeArithmetic, SeqLenInt32MaxDoesNotOverflow) {
   // seq_lens[0] = INT32_MAX: the tile count (N + G - 1) / G must not overflow in int. The
   // second sequence fails the call (more queries than tokens) before any attention runs.
-  CtxPtr ctx = CpuContext();
+  kvt::ContextPtr ctx = CpuContext();
   kvarn_config_t cfg;
   ASSERT_EQ(kvarn_config_from_preset("k4v2_g128", 64, &cfg), KVARN_OK);
   const int32_t blocks = static_cast<int32_t>((int64_t{INT32_MAX} + 127) / 128);
@@ -263,7 +262,7 @@ TEST(SizeArithmetic, SeqLenInt32MaxDoesNotOverflow) {
 
 TEST(SizeArithmetic, PagedFlushHugeTileCountIsAnArgumentError) {
   // n_tiles whose id lists (n_tiles int32 each) cannot exist: refused before any is read.
-  CtxPtr ctx = CpuContext();
+  kvt::ContextPtr ctx = CpuContext();
   kvarn_config_t cfg;
   ASSERT_EQ(kvarn_config_from_preset("k4v2_g64", 64, &cfg), KVARN_OK);
   FakePaged p(1, 1, {0});
@@ -280,7 +279,7 @@ TEST(SizeArithmetic, PagedFlushHugeTileCountIsAnArgumentError) {
 }
 
 TEST(SizeArithmetic, QuantizeHugeTileCountIsAnArgumentError) {
-  CtxPtr ctx = CpuContext();
+  kvt::ContextPtr ctx = CpuContext();
   kvarn_config_t cfg;
   ASSERT_EQ(kvarn_config_from_preset("k4v2_g128", 128, &cfg), KVARN_OK);
   size_t rb = 0;
@@ -335,7 +334,7 @@ class ImportValues : public ::testing::Test {
     Reseal(b.data(), b.size());
     return kvarn_cache_import_sequence(cache_.get(), 3, b.data(), b.size());
   }
-  CtxPtr ctx_;
+  kvt::ContextPtr ctx_;
   kvarn_cache_options_t opts_;
   CachePtr cache_;
   std::vector<uint8_t> blob_;
@@ -367,7 +366,7 @@ TEST_F(ImportValues, NonFiniteRecordScalesAreCorrupt) {
 // ---- defect 9: what the header now documents --------------------------------------------------
 
 TEST(Documented, DequantizeOfNonFiniteScalesGivesNonFiniteOutputsAndOk) {
-  CtxPtr ctx = CpuContext();
+  kvt::ContextPtr ctx = CpuContext();
   kvarn_config_t cfg;
   ASSERT_EQ(kvarn_config_from_preset("k4v2_g64", 64, &cfg), KVARN_OK);
   size_t rb = 0, off = 0, bytes = 0;
@@ -399,7 +398,7 @@ TEST(CacheCapacity, MaxTokensSizesTheRecordPoolOnly) {
   // max_tokens = 1 gives one record block per layer; sink and tail tiles live in the page pool
   // (max_sequences * (sink_tiles + 2) pages), so 64 sink + 64 record + 63 tail = 191 tokens fit
   // and the 192nd, which completes a second record tile, is refused with CAPACITY.
-  CtxPtr ctx = CpuContext();
+  kvt::ContextPtr ctx = CpuContext();
   kvarn_cache_options_t o = SmallOptions(1, 2);
   o.max_tokens = 1;
   o.max_sequences = 1;
