@@ -170,6 +170,12 @@ __device__ __forceinline__ uint32_t BiasedCodes(uint32_t z) {
 #endif
 }
 constexpr float kCodeBias = 1024.f;
+// d += column sums of the fp16 B operand (an all-ones A: every C row gets them, exactly as the
+// tensor core accumulates them).
+__device__ __forceinline__ void MmaColumnSums(float (&d)[4], const uint32_t (&b)[2]) {
+  const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
+  Mma16816(d, ones, b);
+}
 
 // Bytes k of x and of y into bytes 0 and 2 (bytes 1 and 3 are masked away by CodesToHalf2).
 __device__ __forceinline__ uint32_t PairBytes(uint32_t x, uint32_t y, int k) {
@@ -241,15 +247,14 @@ constexpr float kHiNibble = 1.f / 16.f;
 
 // Scores of one tile into s (C fragments of TM m-tiles), with masking (kMask: some key of the
 // tile is past some row's limit) and softmax; writes p * a'_t (or p) for rows n = 2c, 2c+1 to
-// the warp's P buffer and returns in alpha the rescale factors, in pzz the value-zero sums
-// sum p z'_t and in pb the code bias of the value product, 1024 * sum of the fp16 P operand, of
-// the two rows (both 0 for pages).
+// the warp's P buffer and returns in alpha the rescale factors and in pzz the value-zero sums
+// sum p z'_t of the two rows (0 for pages).
 template <int TM, bool kMask>
 __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 * TM],
                                         const float (&va)[2 * TM], const float (&vz)[2 * TM],
                                         bool is_record, const ScoreTerms& T, int key0, int lim0,
                                         int lim1, int g, int c, WarpState& W, __half* pbuf,
-                                        float (&alpha)[2], float (&pzz)[2], float (&pb)[2]) {
+                                        float (&alpha)[2], float (&pzz)[2]) {
   float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
   for (int j = 0; j < TM; ++j) {
@@ -289,7 +294,7 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
   alpha[1] = FastExp2(W.m[1] - ms1);
   W.m[0] = mn0;
   W.m[1] = mn1;
-  float sum0 = 0.f, sum1 = 0.f, z0 = 0.f, z1 = 0.f, b0 = 0.f, b1 = 0.f;
+  float sum0 = 0.f, sum1 = 0.f, z0 = 0.f, z1 = 0.f;
   uint32_t packed0[TM], packed1[TM];
 #pragma unroll
   for (int j = 0; j < TM; ++j) {
@@ -302,12 +307,8 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
       const float a0 = va[2 * j], a1 = va[2 * j + 1];
       packed0[j] = PackHalf2(p[0] * a0, p[2] * a1);
       packed1[j] = PackHalf2(p[1] * a0, p[3] * a1);
-      // The value-zero term, and the code bias: the rounded B operand (see BiasedCodes).
-      const float2 r0 = Half2AsFloat2(packed0[j]), r1 = Half2AsFloat2(packed1[j]);
-      z0 += p[0] * vz[2 * j] + p[2] * vz[2 * j + 1];
+      z0 += p[0] * vz[2 * j] + p[2] * vz[2 * j + 1];  // the value-zero term
       z1 += p[1] * vz[2 * j] + p[3] * vz[2 * j + 1];
-      b0 += r0.x + r0.y;
-      b1 += r1.x + r1.y;
     } else {
       packed0[j] = PackHalf2(p[0], p[2]);
       packed1[j] = PackHalf2(p[1], p[3]);
@@ -319,13 +320,9 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
   for (int o = 4; o < 32; o *= 2) {
     z0 += __shfl_xor_sync(0xffffffffu, z0, o);
     z1 += __shfl_xor_sync(0xffffffffu, z1, o);
-    b0 += __shfl_xor_sync(0xffffffffu, b0, o);
-    b1 += __shfl_xor_sync(0xffffffffu, b1, o);
   }
   pzz[0] = z0;
   pzz[1] = z1;
-  pb[0] = kCodeBias * b0;
-  pb[1] = kCodeBias * b1;
   // Rows 2c and 2c+1, tokens 2*TM*g .. 2*TM*g + 2*TM - 1 (16-byte stores).
   uint4* r0 = reinterpret_cast<uint4*>(pbuf + (2 * c) * PStride<TM>() + 2 * TM * g);
   uint4* r1 = reinterpret_cast<uint4*>(pbuf + (2 * c + 1) * PStride<TM>() + 2 * TM * g);
@@ -337,12 +334,19 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
   __syncwarp();
 }
 
-// The query values lane (g, c) multiplies in the score product: row g, channels 16i + c + 4r,
-// stored [i][r][lane] so that the per-record loads are free of bank conflicts.
+// Where the query value that lane (g, c) multiplies in the score product for chunk i, channel
+// 16i + c + 4r, sits in the fragment-ordered copy: [i][lane][r], so that a record reads a
+// chunk's four with one conflict-free 16-byte load per lane. The one definition of the order,
+// for the writer and the reader.
+__device__ __forceinline__ int QueryFragmentSlot(int i, int lane, int r) {
+  return (i * kWarpSize + lane) * 4 + r;
+}
+
+// qf[QueryFragmentSlot(i, lane, r)] <- q[row g][channel 16i + c + 4r] of lane (g, c).
 __device__ __forceinline__ void ScatterQueryFragments(const float* q, float* qf) {
   for (int idx = threadIdx.x; idx < kKChunks * 4 * kWarpSize; idx += blockDim.x) {
-    const int i = idx / (4 * kWarpSize), r = (idx / kWarpSize) % 4, lane = idx % kWarpSize;
-    qf[idx] = q[(lane >> 2) * kD + 16 * i + (lane & 3) + 4 * r];
+    const int i = idx / (4 * kWarpSize), lane = (idx / 4) % kWarpSize, r = idx % 4;
+    qf[QueryFragmentSlot(i, lane, r)] = q[(lane >> 2) * kD + 16 * i + (lane & 3) + 4 * r];
   }
 }
 
@@ -359,11 +363,12 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   float qz = 0.f;                               // sum q z
 #pragma unroll
   for (int i = 0; i < kKChunks; ++i) {
-    float q[4], a[4], z[4];
+    const float4 q4 = *reinterpret_cast<const float4*>(qf + QueryFragmentSlot(i, lane, 0));
+    const float q[4] = {q4.x, q4.y, q4.z, q4.w};
+    float a[4], z[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int d = 16 * i + c + 4 * r;
-      q[r] = qf[(4 * i + r) * kWarpSize + lane];
       a[r] = HalfAt(rec + P.off_ka, d);
       z[r] = HalfAt(rec + P.off_kz, d);
     }
@@ -375,11 +380,10 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   // per row: an all-ones A gives exactly those column sums, already where the scores need them
   // (C columns 2c, 2c+1).
   float bsum[4] = {0.f, 0.f, 0.f, 0.f};
-  const uint32_t ones[4] = {0x3C003C00u, 0x3C003C00u, 0x3C003C00u, 0x3C003C00u};
 #pragma unroll
   for (int i = 0; i < kKChunks; ++i) {
-    Mma16816(bsum, ones, qa[i]);
-    Mma16816(bsum, ones, qal[i]);
+    MmaColumnSums(bsum, qa[i]);
+    MmaColumnSums(bsum, qal[i]);
   }
   qz += __shfl_xor_sync(0xffffffffu, qz, 1);
   qz += __shfl_xor_sync(0xffffffffu, qz, 2);
@@ -429,23 +433,27 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   LoadTokenScales<TM>(rec + P.off_kc, g, ct);
   LoadTokenScales<TM>(rec + P.off_va, g, va);
   LoadTokenScales<TM>(rec + P.off_vz, g, vz);
-  float alpha[2], pzz[2], pb[2];
+  float alpha[2], pzz[2];
   if (key0 + G > lim_min) {
-    Softmax<TM, true>(s, ct, va, vz, true, T, key0, lim0, lim1, g, c, W, pbuf, alpha, pzz, pb);
+    Softmax<TM, true>(s, ct, va, vz, true, T, key0, lim0, lim1, g, c, W, pbuf, alpha, pzz);
   } else {
-    Softmax<TM, false>(s, ct, va, vz, true, T, key0, lim0, lim1, g, c, W, pbuf, alpha, pzz, pb);
+    Softmax<TM, false>(s, ct, va, vz, true, T, key0, lim0, lim1, g, c, W, pbuf, alpha, pzz);
   }
 
   // Values: O^T[d, n] for d = 16g + 4k + {0..3}.
   float o[kKChunks][4];
 #pragma unroll
   for (int mt = 0; mt < kKChunks; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  // The code bias of the value product, 1024 * (sum over tokens of the fp16 P operand), comes
+  // from an all-ones A like the score bias: psum[e] for row 2c + e.
+  float psum[4] = {0.f, 0.f, 0.f, 0.f};
   const uint8_t* vcodes = rec + P.off_vcodes;
   constexpr int kVRowBytes = kD / 4;  // 2-bit codes of D channels
 #pragma unroll
   for (int kc = 0; kc < TM; ++kc) {
     uint32_t b[2];
     LdMatrixX2(b, pbuf + (lane % 8) * PStride<TM>() + 16 * kc + 8 * ((lane / 8) % 2));
+    MmaColumnSums(psum, b);
     const uint8_t* base = vcodes + (16 * kc + 2 * c) * kVRowBytes + 4 * g;
     const uint32_t x = *reinterpret_cast<const uint32_t*>(base);
     const uint32_t y = *reinterpret_cast<const uint32_t*>(base + kVRowBytes);
@@ -469,6 +477,7 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   const uint4 c0 = vcp[0], c1 = vcp[1];
   const uint32_t cw[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
   // (o - pb) * inv + pzz = o * inv + off, with off per row and code shift (inv = 2^-shift).
+  const float pb[2] = {kCodeBias * psum[0], kCodeBias * psum[1]};
   float off[4][2];
 #pragma unroll
   for (int sh = 0; sh < 4; ++sh) {
@@ -525,9 +534,9 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
     }
   }
   float none[2 * TM];
-  float alpha[2], pzz[2], pb[2];
+  float alpha[2], pzz[2];
   Softmax<TM, true>(s, none, none, none, false, ScoreTerms{}, key0, lim0, lim1, g, c, W, pbuf, alpha,
-              pzz, pb);
+                    pzz);
   float o[kKChunks][4];
 #pragma unroll
   for (int mt = 0; mt < kKChunks; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
@@ -580,7 +589,7 @@ struct MmaSmem {
     } merge;
   } u;
   float q[kRows * kD];                 // rotated queries * scale * log2(e)
-  float qf[kKChunks * 4 * kWarpSize];  // the same, in the order the B fragments read them
+  alignas(16) float qf[kKChunks * 4 * kWarpSize];  // the same, in QueryFragmentSlot order
   __half p[kWarps][kRows * PStride<Ring<G>::kTM>()];  // per-warp probabilities
   float wm[kWarps][kRows], wl[kWarps][kRows];
   float m[kRows], l[kRows];
