@@ -194,6 +194,53 @@ std::vector<Case> Cases() {
     cs.push_back(c);
   }
   {
+    // The tensor-core extend kernel (128 query rows per CTA; from 32 rows per sequence): long
+    // ragged chunks over several CTAs, both tile sizes, explicit and single splits, GQA 7, fp16
+    // and bf16 io, no sink and unflushed tiles. (KVARN_CUDA_EXTEND=off runs the same cases on
+    // the decode kernels.)
+    Case c;
+    c.name = "long_extend_g128";
+    c.Hk = 1;
+    c.lens = {8192 + 50, 3000, 700};
+    c.q_lens = {512, 77, 33};
+    cs.push_back(c);
+    c.name = "long_extend_g64";
+    c.preset = "k4v2_g64";
+    cs.push_back(c);
+    c = Case{};
+    c.name = "extend_splits7";
+    c.lens = {20000 + 33, 5000};
+    c.q_lens = {40, 130};
+    c.splits = 7;
+    cs.push_back(c);
+    c = Case{};
+    c.name = "extend_one_split_gqa7";
+    c.group = 7;
+    c.Hk = 1;
+    c.lens = {6000 + 3, 1500};
+    c.q_lens = {100, 19};
+    c.splits = 1;
+    cs.push_back(c);
+    c = Case{};
+    c.name = "extend_fp16io_sink0_lag2";
+    c.sink = 0;
+    c.flush_lag = 2;
+    c.q_dtype = KVARN_DTYPE_F16;
+    c.out_dtype = KVARN_DTYPE_F16;
+    c.lens = {700, 1100};
+    c.q_lens = {64, 40};
+    cs.push_back(c);
+    c = Case{};
+    c.name = "extend_bf16io_sink3_g64";
+    c.preset = "k4v2_g64";
+    c.sink = 3;
+    c.q_dtype = KVARN_DTYPE_BF16;
+    c.out_dtype = KVARN_DTYPE_BF16;
+    c.lens = {1500, 900};
+    c.q_lens = {48, 100};
+    cs.push_back(c);
+  }
+  {
     Case c;
     c.name = "long128k_decode";
     c.Hk = 1;

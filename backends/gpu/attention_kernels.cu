@@ -178,7 +178,7 @@ __device__ __forceinline__ int Code(const uint8_t* row, int idx, int bits) {
   return (row[idx / per] >> ((idx % per) * bits)) & ((1 << bits) - 1);
 }
 
-// The CTA's work item (split, KV head, sequence, chunk of kRows query rows) and its sequence's
+// The CTA's work item (split, KV head, sequence, chunk of chunk_rows query rows) and its sequence's
 // lengths, read from device memory. False when there is nothing to do: the chunk lies past the
 // sequence's rows, or the lengths are inconsistent (then reported once per sequence).
 struct WorkItem {
@@ -187,11 +187,12 @@ struct WorkItem {
   int rt;      // record tiles
   int q0, nq;  // first query token, query tokens
   int row0;    // first row (query token x head of the group) of the chunk
-  int nrows;   // valid rows of the chunk (<= kRows)
+  int nrows;   // valid rows of the chunk (<= chunk_rows)
   int tiles;   // tiles of the sequence
 };
 
-__device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, WorkItem* w) {
+__device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, int chunk_rows,
+                                             WorkItem* w) {
   w->split = blockIdx.x;
   w->h = blockIdx.y;
   w->b = blockIdx.z / P.chunks_per_seq;
@@ -202,7 +203,7 @@ __device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, WorkIte
   w->q0 = P.q_indptr ? P.q_indptr[b] : b;
   w->nq = P.q_indptr ? P.q_indptr[b + 1] - w->q0 : 1;
   const int rows_b = w->nq * P.group;
-  w->row0 = w->chunk * kRows;
+  w->row0 = w->chunk * chunk_rows;
   if (w->row0 >= rows_b) return false;  // this sequence has fewer query rows
   w->tiles = w->N / G + (w->N % G != 0);  // no N + G - 1: N may be near INT32_MAX
   const bool reporter = threadIdx.x == 0 && w->split == 0 && w->h == 0 && w->chunk == 0;
@@ -215,11 +216,11 @@ __device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, WorkIte
     if (reporter) ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrQueryLen, b, w->nq);
     return false;
   }
-  w->nrows = min(kRows, rows_b - w->row0);
+  w->nrows = min(chunk_rows, rows_b - w->row0);
   return true;
 }
 
-// Row r < kRows of the chunk: its global output row (token * Hq + head; -1 for padding rows)
+// Row r of the chunk: its global output row (token * Hq + head; -1 for padding rows)
 // and the keys it may see (causal, aligned to the sequence end; 0 for padding rows).
 __device__ __forceinline__ void SetRow(const AttnParams& P, const WorkItem& w, int r, int* qrow,
                                        int* limit) {
@@ -251,7 +252,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
   Smem S = CarveSmem(smem_raw, D, G);
   const int tid = threadIdx.x;
   WorkItem w;
-  if (!ReadWorkItem(P, G, &w)) return;
+  if (!ReadWorkItem(P, G, kRows, &w)) return;
   const int split = w.split, h = w.h, b = w.b, N = w.N, rt = w.rt, tiles = w.tiles;
 
   // Rows: (query token i, head g) of this KV head; load, rotate and scale the queries.
@@ -529,7 +530,9 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(AttnParams P, int rows_t
 struct Plan {
   int splits = 1;
   int tiles_per_split = 1;
-  int chunks_per_seq = 1;
+  int chunks_per_seq = 1;  // row chunks of the kernel the plan is for
+  bool extend = false;     // for the tensor-core extend kernel (else the decode kernels)
+  int decode_chunks_per_seq = 1;  // kRows chunks, for the fallback of a misaligned pool
   size_t rows_total = 0;
   size_t ml_bytes = 0, acc_bytes = 0, indptr_bytes = 0;
   size_t workspace = 0;
@@ -553,6 +556,41 @@ bool MmaShape(const CudaState* st, const Config& cfg) {
 
 int MmaCtasPerSm(CudaState* st, int G);
 int MmaRecordsPerIteration(int G);  // records a CTA of the tensor-core kernel consumes at once
+int ExtendCtasPerSm(CudaState* st, int G);
+constexpr int kExtendCtaRows = 128;  // query rows per CTA of the extend kernel (ext::kCtaRows)
+
+// Whether the tensor-core extend kernel takes an extend batch whose longest sequence has
+// max_rows query rows (tokens x query heads per KV head): from 32 rows on, one 128-row CTA per
+// chunk beats the decode kernel's 8-row chunks, which re-read every record per chunk.
+// KVARN_CUDA_EXTEND=off keeps the decode kernels (tests compare the two).
+bool ExtendShape(const CudaState* st, const Config& cfg, int max_rows) {
+  static const bool disabled = [] {
+    const char* e = std::getenv("KVARN_CUDA_EXTEND");
+    return e != nullptr && std::string(e) == "off";
+  }();
+  return !disabled && MmaShape(st, cfg) && max_rows >= 32;
+}
+
+// Splits for the extend kernel: compute bound, a fixed time per tile and CTA, so the same
+// whole-wave rule as the decode kernel with one tile per iteration.
+int ChooseExtendSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles) {
+  const int cap = std::min(64, max_tiles);
+  const int64_t resident = static_cast<int64_t>(ExtendCtasPerSm(st, cfg.G)) * st->sm_count;
+  int best = 1;
+  int64_t best_cost = INT64_MAX;
+  for (int s = 1; s <= cap; ++s) {
+    const int per_split = (max_tiles + s - 1) / s;
+    const int splits = (max_tiles + per_split - 1) / per_split;
+    if (splits != s) continue;
+    const int64_t waves = (items * s + resident - 1) / resident;
+    const int64_t cost = waves * (per_split + 2) + (s > 1);
+    if (cost < best_cost) {
+      best_cost = cost;
+      best = s;
+    }
+  }
+  return best;
+}
 
 // Splits per (sequence, KV head, row chunk) work item. The tensor-core kernel's CTAs take a
 // fixed time per tile, so the count is chosen to fill whole waves of resident CTAs: the cost of
@@ -597,11 +635,18 @@ Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const Attent
     }
   }
   Plan p;
-  p.chunks_per_seq = std::max(1, (max_q * group + kRows - 1) / kRows);
+  const int max_rows = max_q * group;
+  p.decode_chunks_per_seq = std::max(1, (max_rows + kRows - 1) / kRows);
+  p.extend = args.q_indptr != nullptr && ExtendShape(State(ctx), cfg, max_rows);
+  p.chunks_per_seq = p.extend ? (max_rows + kExtendCtaRows - 1) / kExtendCtaRows
+                              : p.decode_chunks_per_seq;
   const int max_tiles = std::max(1, kv.max_blocks_per_seq);
   const int64_t items = static_cast<int64_t>(kv.batch) * kv.num_kv_heads * p.chunks_per_seq;
-  const int splits = args.num_splits > 0 ? std::min({args.num_splits, max_tiles, 64})
-                                         : ChooseSplits(State(ctx), cfg, items, max_tiles);
+  int splits = std::min({args.num_splits, max_tiles, 64});
+  if (args.num_splits <= 0) {
+    splits = p.extend ? ChooseExtendSplits(State(ctx), cfg, items, max_tiles)
+                      : ChooseSplits(State(ctx), cfg, items, max_tiles);
+  }
   p.tiles_per_split = (max_tiles + splits - 1) / splits;
   p.splits = (max_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
   p.rows_total = total_q * static_cast<size_t>(args.num_q_heads);
@@ -627,6 +672,7 @@ int Log2(int x) {
 
 #if KVARN_GPU_HAS_MMA
 #include "backends/gpu/attention_mma.cuh"
+#include "backends/gpu/attention_extend.cuh"
 #endif
 
 namespace kvarn {
@@ -661,23 +707,20 @@ bool UseBulkRing(const CudaState* st) {
 
 constexpr int kMaxDevices = 64;
 
-// Raises the kernel's dynamic shared-memory limit once per device and returns its resident CTAs
-// per SM (0 if it cannot run). Done outside any stream work, so launches stay capturable.
-template <int G, bool kBulk>
-int PrepareMma(int device) {
+// Raises kKernel's dynamic shared-memory limit to kSmem once per device and returns its resident
+// CTAs per SM (0 if it cannot run). Done outside any stream work, so launches stay capturable.
+template <auto kKernel, size_t kSmem, unsigned kCtaThreads>
+int PrepareKernel(int device) {
   static std::atomic<int> ctas[kMaxDevices];  // 0 = not yet, -1 = cannot run
   if (device < 0 || device >= kMaxDevices) return 0;
   int n = ctas[device].load(std::memory_order_acquire);
   if (n != 0) return std::max(n, 0);
-  const size_t smem = sizeof(mma::MmaSmem<G>);
   n = -1;
-  if (cudaFuncSetAttribute(mma::MmaAttentionKernel<G, kBulk>,
-                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(smem)) == cudaSuccess) {
+  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                           static_cast<int>(kSmem)) == cudaSuccess) {
     int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mma::MmaAttentionKernel<G, kBulk>,
-                                                      mma::kWarps * kWarpSize,
-                                                      smem) == cudaSuccess &&
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kCtaThreads, kSmem) ==
+            cudaSuccess &&
         per_sm > 0) {
       n = per_sm;
     }
@@ -685,6 +728,18 @@ int PrepareMma(int device) {
   cudaGetLastError();  // a failure here is reported by the launch, not left sticky
   ctas[device].store(n, std::memory_order_release);
   return std::max(n, 0);
+}
+
+template <int G, bool kBulk>
+int PrepareMma(int device) {
+  return PrepareKernel<mma::MmaAttentionKernel<G, kBulk>, sizeof(mma::MmaSmem<G>),
+                       mma::kWarps * kWarpSize>(device);
+}
+
+template <int G>
+int PrepareExtend(int device) {
+  return PrepareKernel<ext::ExtendAttentionKernel<G>, sizeof(ext::ExtendSmem<G>),
+                       ext::kWarps * kWarpSize>(device);
 }
 
 template <int G>
@@ -700,6 +755,25 @@ int MmaCtasPerSm(CudaState* st, int G) {
 
 int MmaRecordsPerIteration(int G) {
   return G == 128 ? mma::Ring<128>::kSlots : mma::Ring<64>::kSlots;
+}
+
+static_assert(ext::kCtaRows == kExtendCtaRows, "the plan's row chunks are the kernel's CTAs");
+
+int ExtendCtasPerSm(CudaState* st, int G) {
+  DeviceGuard guard(st->device);
+  const int n = G == 128 ? PrepareExtend<128>(st->device) : PrepareExtend<64>(st->device);
+  return std::max(n, 1);
+}
+
+template <int G>
+Status LaunchExtend(CudaState* st, const AttnParams& P, dim3 grid) {
+  const size_t smem = sizeof(ext::ExtendSmem<G>);
+  if (PrepareExtend<G>(st->device) == 0) {
+    return {KVARN_ERR_DEVICE, "the tensor-core extend kernel cannot run on this device (" +
+                                  std::to_string(smem) + " bytes of shared memory per CTA)"};
+  }
+  ext::ExtendAttentionKernel<G><<<grid, ext::kWarps * kWarpSize, smem, st->stream>>>(P);
+  return CheckLaunch("ExtendAttentionKernel");
 }
 
 template <int G>
@@ -723,6 +797,11 @@ Status LaunchMma(CudaState* st, const AttnParams& P, dim3 grid) {
 
 bool UseMmaKernel(const CudaState*, const Config&, const PagedKV&) { return false; }
 int MmaCtasPerSm(CudaState*, int) { return 1; }
+int ExtendCtasPerSm(CudaState*, int) { return 1; }
+template <int G>
+Status LaunchExtend(CudaState*, const AttnParams&, dim3) {
+  return {KVARN_ERR_INTERNAL, "this build has no tensor-core extend kernel"};
+}
 int MmaRecordsPerIteration(int) { return 1; }
 template <int G>
 Status LaunchMma(CudaState*, const AttnParams&, dim3) {
@@ -791,7 +870,6 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   P.q_dtype = args.q_dtype;
   P.Hq = args.num_q_heads;
   P.group = args.num_q_heads / kv.num_kv_heads;
-  P.chunks_per_seq = plan.chunks_per_seq;
   P.scale = args.scale;
   P.out = out;
   P.out_dtype = args.out_dtype;
@@ -810,9 +888,14 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
                                                cudaMemcpyHostToDevice, st->stream));
     P.q_indptr = d_indptr;
   }
-  const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * plan.chunks_per_seq);
   // Every work item of a valid row writes its split's partial, an empty split as m = -inf.
-  if (UseMmaKernel(st, cfg, kv)) {
+  const bool mma = UseMmaKernel(st, cfg, kv);
+  P.chunks_per_seq = plan.extend && mma ? plan.chunks_per_seq : plan.decode_chunks_per_seq;
+  const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * P.chunks_per_seq);
+  if (plan.extend && mma) {
+    KVARN_RETURN_IF_ERROR(cfg.G == 128 ? LaunchExtend<128>(st, P, grid)
+                                       : LaunchExtend<64>(st, P, grid));
+  } else if (mma) {
     KVARN_RETURN_IF_ERROR(cfg.G == 128 ? LaunchMma<128>(st, P, grid) : LaunchMma<64>(st, P, grid));
   } else {
     KVARN_RETURN_IF_ERROR(LaunchGeneric(st, cfg, P, grid));

@@ -644,7 +644,7 @@ __global__ void __launch_bounds__(kWarps * 32, Ring<G>::kMinCtasPerSm)
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
   const int g = lane >> 2, c = lane & 3;
   WorkItem w;
-  if (!ReadWorkItem(P, G, &w)) return;
+  if (!ReadWorkItem(P, G, kRows, &w)) return;
   const int split = w.split, h = w.h, b = w.b, N = w.N, rt = w.rt, tiles = w.tiles;
   const int t_begin = split * P.tiles_per_split;
   const int t_end = min(tiles, t_begin + P.tiles_per_split);

@@ -55,6 +55,10 @@ if [[ $mode == *test* || $mode == all ]]; then
   KVARN_CUDA_RING=cpasync build/dev/tests/kvarn_test_cuda_attention --gtest_brief=1 \
     >"$OUT/attention_cpasync.log" 2>&1
   summary+=("attention (cp.async ring forced) rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/attention_cpasync.log" | tr '\n' ' ')")
+  # Extend batches on the decode kernels instead of the tensor-core extend kernel.
+  KVARN_CUDA_EXTEND=off build/dev/tests/kvarn_test_cuda_attention --gtest_brief=1 \
+    >"$OUT/attention_extend_off.log" 2>&1
+  summary+=("attention (extend kernel off) rc=$?: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/attention_extend_off.log" | tr '\n' ' ')")
   grep -E "Failure|Expected|Which is|actual|error" "$OUT/ctest_gpu.log" | head -30
   build/dev/tools/kvarn-selftest/kvarn-selftest --backend cuda >"$OUT/selftest_cuda.log" 2>&1
   summary+=("selftest cuda rc=$?: $(tail -1 "$OUT/selftest_cuda.log")")
@@ -79,7 +83,7 @@ if [[ $mode == *python* || $mode == all ]]; then
 fi
 if [[ $mode == *sanitize* || $mode == all ]]; then
   # The tensor-core kernel with both ring paths (bulk copies, cp.async), G 128 and 64.
-  attn_filter='*k4v2_g128_decode*:*k4v2_g128_extend*:*k4v2_g64_*:*ring_one_split*:*gqa7*:*Errors*'
+  attn_filter='*k4v2_g128_decode*:*k4v2_g128_extend*:*k4v2_g64_*:*ring_one_split*:*gqa7*:*Errors*:*extend_fp16io*:*extend_bf16io*'
   for tool in memcheck racecheck synccheck; do
     compute-sanitizer --tool $tool --error-exitcode 9 \
       build/dev/tests/kvarn_test_cuda_attention --gtest_filter="$attn_filter" \
