@@ -2,10 +2,10 @@
 // rows per sequence (chunked prefill, verification of long drafts). Included by
 // attention_kernels.cu after attention_mma.cuh, whose MMA and unpack helpers it uses.
 //
-// FlashAttention-2 layout: a CTA takes 128 query rows (8 warps of 16, the MMA's M) of one
+// FlashAttention-2 layout: a CTA takes 64 query rows (4 warps of 16, the MMA's M) of one
 // (sequence, KV head, split) and walks the split's tiles in key order. Each tile is unpacked once
 // by the whole CTA into shared memory and then read by every warp with ldmatrix, so the unpack
-// is amortized over 128 rows (the decode kernel unpacks per 8 rows):
+// is amortized over 64 rows (the decode kernel unpacks per 8 rows):
 //   keys   ks[d][t] = code[d, t]           exact integers in fp16; the scales stay out so that
 //                                           the scores keep the decode kernel's precision
 //   values vs[t][d] = (code a'_t + z'_t) c'_d  dequantized to fp16 (the rounding only touches
@@ -13,8 +13,11 @@
 // and per warp, for its 16 rows,
 //   S[n, t] = c_t * (sum_d (q'_n,d a_d) ks[d][t] + sum_d q'_n,d z_d)   (q a split hi + lo)
 //   O[n, :] += softmax(S) vs                                           (P from registers)
-// A record streams into a 3-stage cp.async ring (two records in flight while one is used);
-// fp16 pages (sink, tail) are copied into the same layout.
+// Two CTAs share an SM (111 KB of shared memory each), so one CTA's unpack and softmax overlap
+// the other's tensor-core work. A record is copied (cp.async) into a one-record stage while the
+// CTA computes on the previous tile; fp16 pages (sink, tail) are copied into the same layout.
+// ks and vs rows are 16-byte chunks XOR-swizzled by row % 8, so the 8 rows an ldmatrix phase
+// reads fall on distinct banks without padding.
 //
 // Unpacking with one shift and one LOP3 pairs code k with code k+4 of a 32-bit word of keys
 // (8 tokens) and code k with code k+8 of a word of values (16 channels), so token and channel
@@ -34,24 +37,22 @@ namespace ext {
 using mma::kD;
 using mma::kKChunks;
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
 constexpr int kCtaRows = 16 * kWarps;  // query rows per CTA
-constexpr int kStages = 3;             // raw-record ring stages
+constexpr int kCtasPerSm = 2;
 
 template <int G>
 struct Layout {
-  static constexpr int kNT = G / 8;                  // score n-tiles of 8 token positions
-  static constexpr int kKStride = G + 8;             // halves per ks row (+8: ldmatrix rows
-  static constexpr int kVStride = kD + 8;            //   on distinct banks)
+  static constexpr int kNT = G / 8;  // score n-tiles of 8 token positions
   static constexpr int kRecordBytes = mma::Ring<G>::kRecordBytes;
   static constexpr int kStageBytes = mma::Ring<G>::kStageBytes;
 };
 
 template <int G>
 struct ExtendSmem {
-  unsigned char ring[kStages][Layout<G>::kStageBytes];  // raw records
-  __half ks[kD * Layout<G>::kKStride];  // key codes, [channel][token position]
-  __half vs[G * Layout<G>::kVStride];   // values, [token position][channel position]
+  unsigned char stage[Layout<G>::kStageBytes];  // the next record (raw)
+  __half ks[kD * G];  // key codes, [channel][token position] (swizzled: KsAt)
+  __half vs[G * kD];  // values, [token position][channel position] (swizzled: VsAt)
   // The rows' queries (rotated, times scale * log2 e) in A-fragment order, one 8 KB slice per
   // warp; at the end each warp's outputs, [row][channel].
   float q[kCtaRows * kD];
@@ -67,6 +68,13 @@ __device__ __forceinline__ int ChannelPos(int d) {
   return (d & ~15) | ((d & 7) << 1) | ((d >> 3) & 1);
 }
 __device__ __forceinline__ int ChannelAt(int p) { return (p & ~15) | ((p & 15) >> 1) | ((p & 1) << 3); }
+
+// Offsets (halves) of element `col` of row `row` in a [rows][cols] fp16 array whose 16-byte
+// chunks are XOR-swizzled by row % 8.
+template <int kCols>
+__device__ __forceinline__ int Swizzled(int row, int col) {
+  return row * kCols + ((((col >> 3) ^ row) & 7) | ((col >> 3) & ~7)) * 8 + (col & 7);
+}
 
 __device__ __forceinline__ __half2 U2H(uint32_t u) { return *reinterpret_cast<const __half2*>(&u); }
 __device__ __forceinline__ uint32_t H2U(__half2 h) { return *reinterpret_cast<const uint32_t*>(&h); }
@@ -96,7 +104,6 @@ __device__ __forceinline__ void CpAsyncWait() {
 template <int G>
 __device__ __forceinline__ void UnpackRecord(const AttnParams& P, const uint8_t* rec,
                                              ExtendSmem<G>& S) {
-  using L = Layout<G>;
   const __half2 bias = __float2half2_rn(mma::kCodeBias);
   // Keys: 4 words (32 tokens) of one channel row per thread and step; (1024 + code) - 1024 is
   // exact.
@@ -105,7 +112,6 @@ __device__ __forceinline__ void UnpackRecord(const AttnParams& P, const uint8_t*
     const int d = idx / kQuadsPerRow, w0 = 4 * (idx % kQuadsPerRow);
     const uint4 u = *reinterpret_cast<const uint4*>(rec + P.off_kcodes + d * (G / 2) + 4 * w0);
     const uint32_t words[4] = {u.x, u.y, u.z, u.w};
-    uint4* dst = reinterpret_cast<uint4*>(S.ks + d * L::kKStride + 8 * w0);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       uint32_t h[4];
@@ -113,7 +119,8 @@ __device__ __forceinline__ void UnpackRecord(const AttnParams& P, const uint8_t*
       for (int k = 0; k < 4; ++k) {  // tokens 8w + k and 8w + k + 4: positions 2k, 2k + 1
         h[k] = H2U(__hsub2(U2H(mma::BiasedCodes<0x0F>(words[e] >> (4 * k))), bias));
       }
-      dst[e] = make_uint4(h[0], h[1], h[2], h[3]);
+      *reinterpret_cast<uint4*>(S.ks + Swizzled<G>(d, 8 * (w0 + e))) =
+          make_uint4(h[0], h[1], h[2], h[3]);
     }
   }
   // Values: 4 words (64 channels) of one token row per thread and step.
@@ -124,7 +131,7 @@ __device__ __forceinline__ void UnpackRecord(const AttnParams& P, const uint8_t*
     const uint4 u = *reinterpret_cast<const uint4*>(rec + P.off_vcodes + t * (kD / 4) + 4 * w0);
     const uint32_t words[4] = {u.x, u.y, u.z, u.w};
     const __half2 a = __half2half2(va[t]), z = __half2half2(vz[t]);
-    __half* row = S.vs + TokenPos(t) * L::kVStride;
+    const int tp = TokenPos(t);
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
       const int w = w0 + e;  // channels 16w .. 16w + 15
@@ -138,9 +145,9 @@ __device__ __forceinline__ void UnpackRecord(const AttnParams& P, const uint8_t*
         const __half2 x = __hsub2(U2H(mma::BiasedCodes<0x03>(words[e] >> (2 * k))), bias);
         h[k] = H2U(__hmul2(__hfma2(x, a, z), U2H(c)));
       }
-      uint4* dst = reinterpret_cast<uint4*>(row + 16 * w);
-      dst[0] = make_uint4(h[0], h[1], h[2], h[3]);
-      dst[1] = make_uint4(h[4], h[5], h[6], h[7]);
+      *reinterpret_cast<uint4*>(S.vs + Swizzled<kD>(tp, 16 * w)) = make_uint4(h[0], h[1], h[2], h[3]);
+      *reinterpret_cast<uint4*>(S.vs + Swizzled<kD>(tp, 16 * w + 8)) =
+          make_uint4(h[4], h[5], h[6], h[7]);
     }
   }
   for (int d = threadIdx.x; d < kD; d += blockDim.x) {
@@ -155,7 +162,6 @@ __device__ __forceinline__ void UnpackRecord(const AttnParams& P, const uint8_t*
 template <int G>
 __device__ __forceinline__ void CopyPage(const __half* kp, const __half* vp, int valid,
                                          ExtendSmem<G>& S) {
-  using L = Layout<G>;
   for (int idx = threadIdx.x; idx < G * (kD / 8); idx += blockDim.x) {
     const int t = idx / (kD / 8), d0 = 8 * (idx % (kD / 8));
     uint4 ku = make_uint4(0, 0, 0, 0), vu = ku;
@@ -168,8 +174,8 @@ __device__ __forceinline__ void CopyPage(const __half* kp, const __half* vp, int
     const int tp = TokenPos(t);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      S.ks[(d0 + e) * L::kKStride + tp] = kh[e];
-      S.vs[tp * L::kVStride + ChannelPos(d0 + e)] = vh[e];
+      S.ks[Swizzled<G>(d0 + e, tp)] = kh[e];
+      S.vs[Swizzled<kD>(tp, ChannelPos(d0 + e))] = vh[e];
     }
   }
   for (int d = threadIdx.x; d < kD; d += blockDim.x) {
@@ -198,9 +204,14 @@ __device__ __forceinline__ void WarpTile(const ExtendSmem<G>& S, const float4* q
   float qz0 = 0.f, qz1 = 0.f;
   const float2* ka = reinterpret_cast<const float2*>(S.ka);
   const float2* kz = reinterpret_cast<const float2*>(S.kz);
-  // ldmatrix row addresses: matrix lane / 8 = (k half, n half), row lane % 8.
-  const int ld_row = (lane & 8) + (lane & 7), ld_col = (lane >> 4) << 3;
-  const __half* kbase = S.ks + ld_row * L::kKStride + ld_col;
+  // ldmatrix row addresses: matrix lane / 8 = (k half, n half), row lane % 8. The matrices of
+  // n-tile pair np sit in 16-byte chunk 2np + lane / 16 of their rows, stored at chunk
+  // (2np + lane / 16) ^ (row % 8) = 2np ^ x (2np is even): four patterns, then +8 chunks.
+  const int ld_row = (lane & 8) + (lane & 7), x = ((lane >> 4) ^ lane) & 7;
+  int chunk_off[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) chunk_off[j] = ((2 * j) ^ x) * 8;
+  const __half* kbase = S.ks + ld_row * G;
 #pragma unroll
   for (int i = 0; i < kKChunks; ++i) {
     // A fragments (rows g, g + 8; channels 16i + 2c, +1 and 16i + 2c + 8, +9) of q' a.
@@ -217,7 +228,7 @@ __device__ __forceinline__ void WarpTile(const ExtendSmem<G>& S, const float4* q
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       uint32_t b[4];
-      LdMatrixX4Trans(b, kbase + (16 * i) * L::kKStride + 16 * np);
+      LdMatrixX4Trans(b, kbase + (16 * i) * G + chunk_off[np & 3] + 64 * (np >> 2));
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
       mma::Mma16816(s[2 * np], hi, b0);
       mma::Mma16816(s[2 * np], lo, b0);
@@ -278,23 +289,25 @@ __device__ __forceinline__ void WarpTile(const ExtendSmem<G>& S, const float4* q
   }
   R.l[0] = R.l[0] * alpha0 + sum0;
   R.l[1] = R.l[1] * alpha1 + sum1;
+  if (__any_sync(kFullMask, alpha0 != 1.f || alpha1 != 1.f)) {  // most tiles keep the max
 #pragma unroll
-  for (int nt = 0; nt < kD / 8; ++nt) {
-    R.o[nt][0] *= alpha0;
-    R.o[nt][1] *= alpha0;
-    R.o[nt][2] *= alpha1;
-    R.o[nt][3] *= alpha1;
+    for (int nt = 0; nt < kD / 8; ++nt) {
+      R.o[nt][0] *= alpha0;
+      R.o[nt][1] *= alpha0;
+      R.o[nt][2] *= alpha1;
+      R.o[nt][3] *= alpha1;
+    }
   }
 
   // Values: k-chunk kk = token positions 16kk .. 16kk + 15 = score n-tiles 2kk, 2kk + 1.
-  const __half* vbase = S.vs + ld_row * L::kVStride + ld_col;
+  const __half* vbase = S.vs + ld_row * kD;
 #pragma unroll
   for (int kk = 0; kk < G / 16; ++kk) {
     const uint32_t a[4] = {pa[2 * kk][0], pa[2 * kk][1], pa[2 * kk + 1][0], pa[2 * kk + 1][1]};
 #pragma unroll
     for (int np = 0; np < kD / 16; ++np) {
       uint32_t b[4];
-      LdMatrixX4Trans(b, vbase + (16 * kk) * L::kVStride + 16 * np);
+      LdMatrixX4Trans(b, vbase + (16 * kk) * kD + chunk_off[np & 3] + 64 * (np >> 2));
       const uint32_t b0[2] = {b[0], b[1]}, b1[2] = {b[2], b[3]};
       mma::Mma16816(R.o[2 * np], a, b0);
       mma::Mma16816(R.o[2 * np + 1], a, b1);
@@ -302,9 +315,8 @@ __device__ __forceinline__ void WarpTile(const ExtendSmem<G>& S, const float4* q
   }
 }
 
-// Starts the copy of tile k of the split into its ring stage when it is a record with a valid
-// table entry (else nothing); always commits one cp.async group, so that the group count stays
-// in step with k.
+// Starts the copy of tile k of the split into the stage when it is a record with a valid table
+// entry (else nothing) and commits it.
 template <int G>
 __device__ __forceinline__ void IssueTile(const AttnParams& P, ExtendSmem<G>& S,
                                           const int32_t* table, int t_begin, int ntiles, int r_lo,
@@ -314,7 +326,7 @@ __device__ __forceinline__ void IssueTile(const AttnParams& P, ExtendSmem<G>& S,
     const int id = table[tile];
     if (tile >= r_lo && tile < r_hi && id >= 0 && id < P.num_record_blocks) {
       const uint8_t* src = mma::RecordAt(P, id, h);
-      unsigned char* dst = S.ring[k % kStages];
+      unsigned char* dst = S.stage;
       for (int off = threadIdx.x * 16; off < Layout<G>::kRecordBytes; off += blockDim.x * 16) {
         mma::CpAsync16(dst + off, src + off);
       }
@@ -324,7 +336,7 @@ __device__ __forceinline__ void IssueTile(const AttnParams& P, ExtendSmem<G>& S,
 }
 
 template <int G>
-__global__ void __launch_bounds__(kWarps * 32, 1) ExtendAttentionKernel(AttnParams P) {
+__global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel(AttnParams P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   extern __shared__ __align__(128) unsigned char smem_raw[];
   ExtendSmem<G>& S = *reinterpret_cast<ExtendSmem<G>*>(smem_raw);
@@ -341,9 +353,8 @@ __global__ void __launch_bounds__(kWarps * 32, 1) ExtendAttentionKernel(AttnPara
 
   if (tid < kCtaRows) SetRow(P, w, tid, S.qrow, S.limit);
   __syncthreads();
-  // The ring's first records load while the queries are set up.
-#pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) IssueTile<G>(P, S, table, t_begin, ntiles, r_lo, r_hi, h, k);
+  // The first record loads while the queries are set up.
+  IssueTile<G>(P, S, table, t_begin, ntiles, r_lo, r_hi, h, 0);
 
   for (int idx = tid; idx < kCtaRows * kD; idx += blockDim.x) {
     const int r = idx / kD, d = idx % kD;
@@ -396,25 +407,24 @@ __global__ void __launch_bounds__(kWarps * 32, 1) ExtendAttentionKernel(AttnPara
   const size_t page_elems = static_cast<size_t>(P.Hk) * G * kD;
 
   for (int k = 0; k < ntiles; ++k) {
-    CpAsyncWait<kStages - 2>();  // tile k's copies (this thread's) have landed
-    __syncthreads();             // everyone's; ks/vs and the stage of tile k - 1 are free
-    IssueTile<G>(P, S, table, t_begin, ntiles, r_lo, r_hi, h, k + kStages - 1);
+    CpAsyncWait<0>();  // tile k's copies (this thread's) have landed
+    __syncthreads();   // everyone's; ks/vs are free
     const int tile = t_begin + k;
     const bool is_record = tile >= r_lo && tile < r_hi;
     const int id = table[tile];
-    if (id < 0 || id >= (is_record ? P.num_record_blocks : P.num_pages)) {
+    const bool ok = id >= 0 && id < (is_record ? P.num_record_blocks : P.num_pages);
+    if (!ok) {
       if (tid == 0) ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
-      continue;  // uniform over the CTA
-    }
-    if (is_record) {
-      UnpackRecord<G>(P, S.ring[k % kStages], S);
+    } else if (is_record) {
+      UnpackRecord<G>(P, S.stage, S);
     } else {
       const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * kD;
       CopyPage<G>(P.k_pages + off, P.v_pages + off, min(G, N - tile * G), S);
     }
-    __syncthreads();
+    __syncthreads();  // ks/vs are ready; the stage is free for the next record
+    IssueTile<G>(P, S, table, t_begin, ntiles, r_lo, r_hi, h, k + 1);
     const int key0 = tile * G;
-    if (key0 < lmax) {
+    if (ok && key0 < lmax) {
       if (key0 + G > lmin) {
         WarpTile<G, true>(S, qfrag, key0, lim0, lim1, R);
       } else {

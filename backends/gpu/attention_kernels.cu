@@ -557,10 +557,10 @@ bool MmaShape(const CudaState* st, const Config& cfg) {
 int MmaCtasPerSm(CudaState* st, int G);
 int MmaRecordsPerIteration(int G);  // records a CTA of the tensor-core kernel consumes at once
 int ExtendCtasPerSm(CudaState* st, int G);
-constexpr int kExtendCtaRows = 128;  // query rows per CTA of the extend kernel (ext::kCtaRows)
+constexpr int kExtendCtaRows = 64;  // query rows per CTA of the extend kernel (ext::kCtaRows)
 
 // Whether the tensor-core extend kernel takes an extend batch whose longest sequence has
-// max_rows query rows (tokens x query heads per KV head): from 32 rows on, one 128-row CTA per
+// max_rows query rows (tokens x query heads per KV head): from 32 rows on, one 64-row CTA per
 // chunk beats the decode kernel's 8-row chunks, which re-read every record per chunk.
 // KVARN_CUDA_EXTEND=off keeps the decode kernels (tests compare the two).
 bool ExtendShape(const CudaState* st, const Config& cfg, int max_rows) {

@@ -2,7 +2,7 @@
 // read, achieved bandwidth against the HBM peak and against a read-only kernel measured in the
 // same run. Uses the public C API for attention; CUDA events for timing.
 //
-//   bench_cuda_attention [--quick] [--csv FILE] [--shape BATCH CTX]
+//   bench_cuda_attention [--quick] [--csv FILE] [--shape BATCH CTX [NEW_TOKENS]]
 //
 // The pools hold real records: a few hundred tiles of synthetic K/V are quantized through
 // kvarn_quantize and replicated over the pool (attention's speed does not depend on the values,
@@ -89,13 +89,14 @@ struct Shape {
 int main(int argc, char** argv) {
   bool quick = false;
   const char* csv_path = nullptr;
-  int only_batch = 0, only_ctx = 0;
+  int only_batch = 0, only_ctx = 0, only_nq = 1;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
-    if (!std::strcmp(argv[i], "--shape") && i + 2 < argc) {  // one decode shape (profiling)
+    if (!std::strcmp(argv[i], "--shape") && i + 2 < argc) {  // one shape (profiling)
       only_batch = std::atoi(argv[++i]);
       only_ctx = std::atoi(argv[++i]);
+      if (i + 1 < argc && argv[i + 1][0] != '-') only_nq = std::atoi(argv[++i]);
     }
   }
   const int D = 128, G = 128, Hq = 32, Hk = 8;
@@ -140,7 +141,8 @@ int main(int argc, char** argv) {
     }
   }
   shapes.push_back({1, 32768 + 2048, 2048});  // extend: 2k new tokens over 32k cached
-  if (only_batch > 0) shapes = {{only_batch, only_ctx}};
+  shapes.push_back({8, 8192 + 512, 512});      // extend: chunked prefill of 8 sequences
+  if (only_batch > 0) shapes = {{only_batch, only_ctx, only_nq}};
   FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
   if (csv) std::fprintf(csv, "batch,ctx,nq,ms,bytes,tbps,peak_frac,read_frac\n");
   std::printf("%6s %7s %9s %10s %8s %8s %8s\n", "batch", "ctx", "ms", "MB read", "TB/s", "/4.8",

@@ -122,6 +122,14 @@ if [[ $mode == *profile* || $mode == all ]]; then
   summary+=("ncu batch 1: $nsys_like")
   grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Issue Slot|No Eligible|Stall|Warp Cycles Per Issued|Theoretical Occupancy|L2 Hit" \
     "$OUT/ncu_decode.txt" | head -30
+  # Extend (2048 new tokens over 32k): the tensor-core extend kernel.
+  ncu --clock-control none --kernel-name regex:ExtendAttention --launch-skip 2 --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    --section SchedulerStats --section ComputeWorkloadAnalysis ${KVARN_NCU_EXTRA:-} \
+    build/dev/bench_cuda_attention --shape 1 34816 2048 >"$OUT/ncu_extend.txt" 2>&1
+  summary+=("ncu extend rc=$?")
+  grep -E "Duration|Compute \(SM\)|Achieved Occupancy|Registers Per|Issue Slot|No Eligible|Stall|Warp Cycles Per Issued|Theoretical Occupancy|Tensor|Pipe" \
+    "$OUT/ncu_extend.txt" | head -30
 fi
 if [[ -f "$OUT/kvarn_attention.csv" && -f "$OUT/sdpa.csv" ]]; then
   python3 bench/gpu/report.py "$OUT/kvarn_attention.csv" "$OUT/sdpa.csv" | tee "$OUT/table.md"

@@ -47,6 +47,7 @@ def main():
     shapes = [(b, c, 1) for b in (1, 8, 32) for c in (4096, 32768, 131072)
               if not (a.quick and c > 32768)]
     shapes.append((1, 32768 + 2048, 2048))
+    shapes.append((8, 8192 + 512, 512))
     print(f"{'batch':>6} {'ctx':>7} {'nq':>5} " + " ".join(f"{n:>10}" for n in BACKENDS))
     for b, c, nq in shapes:
         q = torch.randn(b, hq, nq, d, device="cuda", dtype=torch.float16)
