@@ -6,7 +6,7 @@
 # and its deps) and .devdeps/austen-d128 (the model): see bench/gpu/README or the session notes.
 # Logs and CSVs go to $OUT (the device tool brings them back). Environment knobs:
 # KVARN_SANITIZE_CODEC_TOOLS (the compute-sanitizer tools run on the codec suite; default all
-# three), KVARN_NCU_EXTRA (more ncu sections for the profile, e.g. "--section SourceCounters").
+# three), KVARN_PROFILE=extend (profile the extend kernel only), KVARN_NCU_EXTRA (more ncu sections for the profile, e.g. "--section SourceCounters").
 set -uo pipefail
 mode=${1:-all}
 filter=${2:-}
@@ -108,7 +108,7 @@ if [[ $mode == *bench* || $mode == all ]]; then
   [[ -x build/dev/bench/gpu/kvarn-bench-cuda-codec ]] &&
     build/dev/bench/gpu/kvarn-bench-cuda-codec | tee "$OUT/bench_codec.txt"
 fi
-if [[ $mode == *profile* || $mode == all ]]; then
+if [[ ($mode == *profile* || $mode == all) && ${KVARN_PROFILE:-all} != extend ]]; then
   # What limits decode attention at B=32, 32k: one launch of the tensor-core kernel under ncu.
   ncu --clock-control none --kernel-name regex:MmaAttention --launch-skip 3 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
@@ -122,6 +122,8 @@ if [[ $mode == *profile* || $mode == all ]]; then
   summary+=("ncu batch 1: $nsys_like")
   grep -E "Duration|Memory Throughput|DRAM Throughput|Compute \(SM\)|Achieved Occupancy|Registers Per|Issue Slot|No Eligible|Stall|Warp Cycles Per Issued|Theoretical Occupancy|L2 Hit" \
     "$OUT/ncu_decode.txt" | head -30
+fi
+if [[ $mode == *profile* || $mode == all ]]; then
   # Extend (2048 new tokens over 32k): the tensor-core extend kernel.
   ncu --clock-control none --kernel-name regex:ExtendAttention --launch-skip 2 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
