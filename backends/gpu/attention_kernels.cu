@@ -554,6 +554,12 @@ bool MmaShape(const CudaState* st, const Config& cfg) {
 #endif
 }
 
+// The kernel-selection switches for tests and comparisons (backends/gpu/README.md), read once.
+bool EnvEquals(const char* name, const char* value) {
+  const char* e = std::getenv(name);
+  return e != nullptr && std::string(e) == value;
+}
+
 int MmaCtasPerSm(CudaState* st, int G);
 int MmaRecordsPerIteration(int G);  // records a CTA of the tensor-core kernel consumes at once
 int ExtendCtasPerSm(CudaState* st, int G);
@@ -564,47 +570,16 @@ constexpr int kExtendCtaRows = 64;  // query rows per CTA of the extend kernel (
 // chunk beats the decode kernel's 8-row chunks, which re-read every record per chunk.
 // KVARN_CUDA_EXTEND=off keeps the decode kernels (tests compare the two).
 bool ExtendShape(const CudaState* st, const Config& cfg, int max_rows) {
-  static const bool disabled = [] {
-    const char* e = std::getenv("KVARN_CUDA_EXTEND");
-    return e != nullptr && std::string(e) == "off";
-  }();
+  static const bool disabled = EnvEquals("KVARN_CUDA_EXTEND", "off");
   return !disabled && MmaShape(st, cfg) && max_rows >= 32;
 }
 
-// Splits for the extend kernel: compute bound, a fixed time per tile and CTA, so the same
-// whole-wave rule as the decode kernel with one tile per iteration.
-int ChooseExtendSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles) {
+// Splits per (sequence, KV head, row chunk) work item for the tensor-core kernels, whose CTAs
+// take a fixed time per tile: the count fills whole waves of `resident` CTAs. The cost of s
+// splits is (waves of CTAs) x (CTA iterations per split, `per_iteration` tiles each, + ~2 of
+// ring fill and setup), plus one for the merge pass when s > 1.
+int WholeWaveSplits(int64_t resident, int per_iteration, int64_t items, int max_tiles) {
   const int cap = std::min(64, max_tiles);
-  const int64_t resident = static_cast<int64_t>(ExtendCtasPerSm(st, cfg.G)) * st->sm_count;
-  int best = 1;
-  int64_t best_cost = INT64_MAX;
-  for (int s = 1; s <= cap; ++s) {
-    const int per_split = (max_tiles + s - 1) / s;
-    const int splits = (max_tiles + per_split - 1) / per_split;
-    if (splits != s) continue;
-    const int64_t waves = (items * s + resident - 1) / resident;
-    const int64_t cost = waves * (per_split + 2) + (s > 1);
-    if (cost < best_cost) {
-      best_cost = cost;
-      best = s;
-    }
-  }
-  return best;
-}
-
-// Splits per (sequence, KV head, row chunk) work item. The tensor-core kernel's CTAs take a
-// fixed time per tile, so the count is chosen to fill whole waves of resident CTAs: the cost of
-// s splits is (waves of CTAs) x (CTA iterations per split + ~2 of ring fill and setup), plus one
-// for the merge pass when s > 1. The general kernel keeps its rule: enough work items to fill
-// the device twice over, at least 4 tiles per split.
-int ChooseSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles) {
-  const int cap = std::min(64, max_tiles);
-  if (!MmaShape(st, cfg)) {
-    const int64_t want = (2 * static_cast<int64_t>(st->sm_count) + items - 1) / std::max<int64_t>(items, 1);
-    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, (max_tiles + 3) / 4, cap})));
-  }
-  const int64_t resident = static_cast<int64_t>(MmaCtasPerSm(st, cfg.G)) * st->sm_count;
-  const int per_iteration = MmaRecordsPerIteration(cfg.G);
   int best = 1;
   int64_t best_cost = INT64_MAX;
   for (int s = 1; s <= cap; ++s) {
@@ -619,6 +594,25 @@ int ChooseSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles)
     }
   }
   return best;
+}
+
+// Splits for the decode kernels: the tensor-core kernel consumes MmaRecordsPerIteration records
+// per CTA iteration; the general kernel keeps its rule: enough work items to fill the device
+// twice over, at least 4 tiles per split.
+int ChooseSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles) {
+  if (!MmaShape(st, cfg)) {
+    const int cap = std::min(64, max_tiles);
+    const int64_t want = (2 * static_cast<int64_t>(st->sm_count) + items - 1) / std::max<int64_t>(items, 1);
+    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, (max_tiles + 3) / 4, cap})));
+  }
+  return WholeWaveSplits(static_cast<int64_t>(MmaCtasPerSm(st, cfg.G)) * st->sm_count,
+                         MmaRecordsPerIteration(cfg.G), items, max_tiles);
+}
+
+// Splits for the extend kernel: compute bound, one tile per CTA iteration.
+int ChooseExtendSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles) {
+  return WholeWaveSplits(static_cast<int64_t>(ExtendCtasPerSm(st, cfg.G)) * st->sm_count, 1,
+                         items, max_tiles);
 }
 
 Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
@@ -686,10 +680,7 @@ namespace {
 // the general kernel (tests compare the two). On sm_90 its record ring is fed by bulk copies;
 // KVARN_CUDA_RING=cpasync forces the sm_80 cp.async ring there (tests run both).
 bool UseMmaKernel(const CudaState* st, const Config& cfg, const PagedKV& kv) {
-  static const bool forced_generic = [] {
-    const char* e = std::getenv("KVARN_CUDA_ATTENTION");
-    return e != nullptr && std::string(e) == "generic";
-  }();
+  static const bool forced_generic = EnvEquals("KVARN_CUDA_ATTENTION", "generic");
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   const size_t expected = cfg.G == 128 ? mma::Ring<128>::kRecordBytes : mma::Ring<64>::kRecordBytes;
   return !forced_generic && MmaShape(st, cfg) && cfg.record_bytes() == expected &&
@@ -698,10 +689,7 @@ bool UseMmaKernel(const CudaState* st, const Config& cfg, const PagedKV& kv) {
 }
 
 bool UseBulkRing(const CudaState* st) {
-  static const bool forced_cpasync = [] {
-    const char* e = std::getenv("KVARN_CUDA_RING");
-    return e != nullptr && std::string(e) == "cpasync";
-  }();
+  static const bool forced_cpasync = EnvEquals("KVARN_CUDA_RING", "cpasync");
   return st->cc_major >= 9 && !forced_cpasync;
 }
 
