@@ -1,6 +1,6 @@
-// Decode attention over a k4v2 KVarN cache on CUDA (TARGETS.md shapes): time per call, bytes
-// read, achieved bandwidth against the HBM peak and against a read-only kernel measured in the
-// same run. Uses the public C API for attention; CUDA events for timing.
+// Decode attention over a k4v2 KVarN cache on CUDA (the target shapes of bench/RESULTS.md): time
+// per call, bytes read, achieved bandwidth against the HBM peak and against a read-only kernel
+// measured in the same run. Uses the public C API for attention; CUDA events for timing.
 //
 //   bench_cuda_attention [--quick] [--csv FILE] [--shape BATCH CTX [NEW_TOKENS]]
 //

@@ -1,4 +1,4 @@
-// Throughput of the CUDA codec through the public API (TARGETS.md, Performance):
+// Throughput of the CUDA codec through the public API (bench/RESULTS.md, Targets):
 //   flush:  records/s of kvarn_paged_flush (D128 G128 k4v2 by default, >= 16k records per
 //           call), target >= 1.0 M records/s on an H200; the roofline printed beside it is the
 //           bytes moved (fp16 pages read + records written) over the measured D2D copy bandwidth.

@@ -1,6 +1,6 @@
 """fp16 baselines for the CUDA attention benchmark: PyTorch scaled_dot_product_attention with
-each backend it offers (flash, cuDNN, memory-efficient) on the TARGETS.md shapes, in the same run
-as bench_cuda_attention. Decode: q [B, 32, 1, 128] over K/V [B, 8, ctx, 128] fp16, enable_gqa.
+each backend it offers (flash, cuDNN, memory-efficient) on the target shapes of bench/RESULTS.md,
+in the same run as bench_cuda_attention. Decode: q [B, 32, 1, 128] over K/V [B, 8, ctx, 128] fp16, enable_gqa.
 Extend: 2048 new queries over 32768 + 2048 keys, causal aligned to the end (lower right).
 
     python3 bench/gpu/sdpa_baseline.py [--quick] [--csv FILE]

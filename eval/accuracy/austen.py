@@ -1,9 +1,9 @@
 """austen-d128: the project's small byte-level Llama (14.4 M parameters) on numpy fp32.
 
 Why: a real trained model whose held-out text (Persuasion) and reference numbers are known, so
-KV-cache quantization can be scored on real activations on any CPU. Model files live in
-/work/shared/data/austen-d128 (override with the `model_dir` argument or KVARN_AUSTEN_DIR); see
-its README. Tokens are bytes (token id = byte value), no BOS.
+KV-cache quantization can be scored on real activations on any CPU. The model files are not part
+of the repository: they are read from the `model_dir` argument or KVARN_AUSTEN_DIR (default: the
+development machines' copy, DEFAULT_DIR below). Tokens are bytes (token id = byte value), no BOS.
 
 Windows: `score_windows(model, text, window, n)` scores the n consecutive, non-overlapping
 windows text[w*window : (w+1)*window] for w < n, from the start of persuasion.txt; each window

@@ -922,7 +922,7 @@ def render(results: Dict[str, Any], args: argparse.Namespace) -> str:
             f"(fp8 is {r4.get('attn', 0) / max(r8.get('attn', 1e-30), 1e-30):.0f}x more "
             "accurate at 2.4x the bytes) |")
     if rows:
-        add("TARGETS.md, section Accuracy:\n")
+        add("Targets (bench/RESULTS.md, section Targets), accuracy:\n")
         add("| target | criterion | measured | status |\n|---|---|---|---|")
         L.extend(rows)
         add("")
@@ -939,9 +939,9 @@ def render(results: Dict[str, Any], args: argparse.Namespace) -> str:
         "*fp8 e4m3* = per-token fp16 scale absmax/448 and e4m3 codes.")
     add("- **Bytes per token per KV head** (K and V together): record methods `record_bytes / "
         "G` (KIVI-style and Hadamard+RTN use the same record, which carries 2G bytes of unused "
-        "column scales); per-token RTN `2 (D b / 8 + 4)`; fp8 `2 (D + 2)` (TARGETS.md counts "
-        "fp8 as 256 B at D128, without the scales); fp16 `4 D`. At D128 k4v2: KVarN 108 B vs "
-        "fp16 512 B (4.74x).")
+        "column scales); per-token RTN `2 (D b / 8 + 4)`; fp8 `2 (D + 2)` (the targets in "
+        "bench/RESULTS.md count fp8 as 256 B at D128, without the scales); fp16 `4 D`. At D128 "
+        "k4v2: KVarN 108 B vs fp16 512 B (4.74x).")
     add("- **Decode semantics** (every attention and model metric): a query at position t sees "
         "the sink tile (tokens 0..G-1) and its own, still filling tile exactly (fp16) and every "
         "complete tile in between quantized, as a decode loop over the cache sees it; G = the "
@@ -1250,9 +1250,10 @@ def regime_short(R: Dict[str, Any]) -> str:
                        f"{_fam(_kv_rank_names(res, 'k4v2', 'attn_k')[0])}")
     txt = "**Regime.** " + " ".join(parts)
     if syn:
-        txt += (" The synthetic caches, built with the large-model structure of TARGETS.md "
-                "(10-30x outlier channels, rare 10-50x tokens, log-normal token spread), are in "
-                "the other regime: " + "; ".join(syn) + ". Details and the mechanism: section "
+        txt += (" The synthetic caches, built with the large-model structure of the accuracy "
+                "targets in bench/RESULTS.md (10-30x outlier channels, rare 10-50x tokens, "
+                "log-normal token spread), are in the other regime: " + "; ".join(syn)
+                + ". Details and the mechanism: section "
                 "[Which regime real caches are in](#which-regime-real-caches-are-in).")
     return txt + "\n"
 
@@ -1405,8 +1406,8 @@ def iterations_text(R: Dict[str, Any]) -> str:
         out.append(f"- {wl}, k4v2: " + "; ".join(cells) + ".")
     out.append("")
     out.append("(Values within 0.5% of the lowest count as lowest.)")
-    out.append("The normalization keeps the iterate of lowest imbalance (ALGORITHM.md section 4), "
-               "not the one of lowest error, and converges within 2-4 iterations: T=4, 8 and 16 "
+    out.append("The normalization keeps the iterate of lowest imbalance (docs/FORMAT.md section "
+               "4), not the one of lowest error, and converges within 2-4 iterations: T=4, 8 and 16 "
                "give the same records to within rounding on the real caches. Where a row above "
                "shows T=2 (or T=0) ahead of T=8, the balanced tile is not the one that rounds "
                "best, which happens when a few tokens are 10-50x the others: on the synthetic "
@@ -1420,8 +1421,9 @@ def limits_text(R: Dict[str, Any]) -> str:
     return (
         "- The two real models are small (14.4 M and 135 M parameters) and their caches have "
         "milder outliers than 7B-class models; the synthetic caches stand in for the stronger "
-        "structure with the magnitudes TARGETS.md gives (10-30x channels, 10-50x tokens), not "
-        "fitted to a large model's cache; only their query-channel coupling is taken from the "
+        "structure with the magnitudes the accuracy targets in bench/RESULTS.md give (10-30x "
+        "channels, 10-50x tokens), not fitted to a large model's cache; only their "
+        "query-channel coupling is taken from the "
         "two real models.\n"
         "- Model metrics are teacher-forced next-token predictions on persuasion.txt under "
         "decode semantics (each window a fresh sequence, tiles quantized as a decode loop would "

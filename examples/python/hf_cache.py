@@ -9,8 +9,8 @@
 values to a `kvarn.Cache`; the attention function registered as "kvarn" then runs
 `kvarn.Cache.attention` (extend for a prompt, decode for a generated token) directly over the
 quantized records and fp16 sink/tail pages: no full-precision copy of the cache exists. The
-example loads the byte-level model `austen-d128` (../shared/data, see its README) into
-`LlamaForCausalLM` (its tensors map one to one), then compares against transformers'
+example loads the byte-level model `austen-d128` (not part of the repository; `--model DIR`)
+into `LlamaForCausalLM` (its tensors map one to one), then compares against transformers'
 `DynamicCache` with the same weights:
 
   1. bits per byte of next-byte prediction on persuasion.txt (windows of 2048 bytes from the
@@ -24,7 +24,7 @@ holds it by then): a tile is quantized only once a later forward runs, never whi
 tokens are the queries. Bits per byte feeds each window in tile-aligned chunks of G tokens
 (`--chunk`, default the preset's G) through one cache, so chunk c's queries see tiles < c
 quantized (tile 0, the sink, stays fp16) and their own tile exact: what a decode loop sees at tile
-granularity (ALGORITHM.md section 8). The fp `DynamicCache` baseline is fed the same chunks.
+granularity (docs/FORMAT.md section 8). The fp `DynamicCache` baseline is fed the same chunks.
 `--chunk 0` gives the old measurement for comparison: each window as one committed prefill, so
 every complete tile, the queries' own included, is quantized before attention. In `generate` the
 prompt is one speculative prefill and each generated token commits the tokens before it.
@@ -74,7 +74,7 @@ def read_safetensors(path: pathlib.Path) -> dict:
 
 
 def load_model(model_dir: pathlib.Path, dtype: torch.dtype, device: str) -> LlamaForCausalLM:
-    """austen-d128 (README of ../shared/data) as a LlamaForCausalLM: same forward pass."""
+    """austen-d128 (austen-d128.config.json in model_dir) as a LlamaForCausalLM: same forward."""
     meta = json.loads((model_dir / "austen-d128.config.json").read_text())
     config = LlamaConfig(
         vocab_size=meta["vocab"],

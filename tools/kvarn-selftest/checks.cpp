@@ -136,7 +136,7 @@ void CheckFormat(const kvarn_config_t& config, RowResult* row, Recorder* rec) {
   const size_t g = static_cast<size_t>(config.tile_tokens);
   const size_t bk = static_cast<size_t>(config.key_bits);
   const size_t bv = static_cast<size_t>(config.value_bits);
-  // ALGORITHM.md section 7, field by field in storage order.
+  // docs/FORMAT.md section 7, field by field in storage order.
   const size_t expected_field[KVARN_FIELD_COUNT] = {d * g * bk / 8, 2 * d, 2 * d, 2 * g,
                                                     g * d * bv / 8, 2 * d, 2 * g, 2 * g};
   const size_t expected_total = d * g * (bk + bv) / 8 + 6 * d + 6 * g;
@@ -145,7 +145,7 @@ void CheckFormat(const kvarn_config_t& config, RowResult* row, Recorder* rec) {
   row->record_bytes = bytes;
   bool ok = true;
   if (bytes != expected_total) {
-    rec->Fail(Format("kvarn_record_bytes = %zu, ALGORITHM.md section 7 gives %zu", bytes,
+    rec->Fail(Format("kvarn_record_bytes = %zu, docs/FORMAT.md section 7 gives %zu", bytes,
                      expected_total));
     ok = false;
   }
@@ -584,7 +584,7 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
   }
 
   // kvarn_paged_flush must give the bytes kvarn_quantize gives for the same tiles
-  // (ALGORITHM.md section 3: the record does not depend on how the tile was filled).
+  // (docs/FORMAT.md section 3: the record does not depend on how the tile was filled).
   if (pool_tiles > 0) {
     std::vector<float> tiles_k(pool_tiles * tile_values), tiles_v(pool_tiles * tile_values);
     for (int b = 0; b < batch; ++b) {

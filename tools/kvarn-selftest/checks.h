@@ -25,7 +25,7 @@ struct SweepOptions {
 struct BackendTarget {
   kvarn_context_t* context = nullptr;  // also the address space of every buffer the row uses
   std::string name;
-  // Pass bound of the attention check (TARGETS.md: 1e-3 on the CPU, 2e-3 on GPUs).
+  // Pass bound of the attention check (docs/FORMAT.md section 10: 1e-3 on the CPU, 2e-3 on GPUs).
   double attention_tolerance = 1e-3;
 };
 
@@ -39,7 +39,7 @@ struct RowResult {
   int value_bits = 0;
   size_t record_bytes = 0;
 
-  bool format_ok = false;  // record size and field offsets as ALGORITHM.md section 7
+  bool format_ok = false;  // record size and field offsets as docs/FORMAT.md section 7
 
   // Round trip (kvarn_quantize + kvarn_dequantize) against plain per-token RTN.
   double k_rel_mse = kNotMeasured;

@@ -3,7 +3,7 @@
 // Copyright 2026 The libkvarn Authors. SPDX-License-Identifier: Apache-2.0
 //
 // Uses only the public C API (kvarn/kvarn.h). For every backend it runs, and every preset and
-// head dim: (a) record size and field offsets against ALGORITHM.md section 7, (b) quantize /
+// head dim: (a) record size and field offsets against docs/FORMAT.md section 7, (b) quantize /
 // dequantize error on seeded synthetic KV data against plain per-token RTN, (c) paged attention
 // (append, flush, decode, split decode, extend, GQA 4) against a float64 attention over the same
 // stored cache, (d) quantize and decode throughput. Exit status: 0 when every check passed and at

@@ -13,7 +13,7 @@ namespace kvarn_selftest {
 // IEEE binary16 bits -> double (exact).
 double HalfToDouble(uint16_t bits);
 
-// In-place x <- x H with H the orthonormal Sylvester Hadamard matrix (ALGORITHM.md section 3),
+// In-place x <- x H with H the orthonormal Sylvester Hadamard matrix (docs/FORMAT.md section 3),
 // in float64. x has n elements, n a power of two. H is symmetric and its own inverse.
 void HadamardInPlace(double* x, int n);
 
