@@ -35,6 +35,21 @@ if(TARGET kvarn_python)
   set_tests_properties(example.python.codec PROPERTIES
     ENVIRONMENT "${_kvarn_py_env}" LABELS "example;python" TIMEOUT 120)
 
+  # The capturable paged layer: an engine's decode loop (numpy on the CPU), self-checking; with
+  # torch and a CUDA device also captured in a CUDA graph (`--device cuda`, prints SKIP and
+  # passes where either is missing).
+  add_test(NAME example.python.paged_decode
+           COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/examples/python/paged_decode.py)
+  set_tests_properties(example.python.paged_decode PROPERTIES
+    ENVIRONMENT "${_kvarn_py_env}" LABELS "example;python" TIMEOUT 300)
+  if(KVARN_ENABLE_CUDA)
+    add_test(NAME example.python.paged_decode.cuda
+             COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/examples/python/paged_decode.py
+                     --device cuda)
+    set_tests_properties(example.python.paged_decode.cuda PROPERTIES
+      ENVIRONMENT "${_kvarn_py_env}" LABELS "example;python;gpu" TIMEOUT 300)
+  endif()
+
   # Packaging: `pip wheel` of the repository (scikit-build-core, no build isolation: the build
   # backend comes from the same environment), then the wheel alone imported and self-tested.
   execute_process(COMMAND ${Python3_EXECUTABLE} -c "import scikit_build_core, pip"

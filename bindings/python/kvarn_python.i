@@ -101,6 +101,10 @@ static int kvarn_py_get_pointer(PyObject* obj, int writable, void** ptr, Py_buff
 %apply const void* { const int32_t* token_indptr, const int32_t* src_pages,
                      const int32_t* dst_blocks, const int64_t* seq_ids };
 %apply void* { float* lse };
+/* The capturable layer 2 (plan / run): every per-step array is in the context's memory and is
+ * passed as an integer address (or a host buffer on a CPU context). */
+%apply const void* { const int32_t* slot_mapping, const int32_t* n_tiles,
+                     const int32_t* tile_seqs, const int32_t* q_indptr };
 
 /* ---- out-parameters become results ---------------------------------------------------------- */
 %define KVARN_OUT_HANDLE(TYPE, NAME, DESCRIPTOR)
@@ -111,6 +115,7 @@ static int kvarn_py_get_pointer(PyObject* obj, int writable, void** ptr, Py_buff
 %enddef
 KVARN_OUT_HANDLE(kvarn_context_t, out_context, SWIGTYPE_p_kvarn_context)
 KVARN_OUT_HANDLE(kvarn_cache_t, out_cache, SWIGTYPE_p_kvarn_cache)
+KVARN_OUT_HANDLE(kvarn_attention_plan_t, out_plan, SWIGTYPE_p_kvarn_attention_plan)
 
 %define KVARN_OUT_VALUE(TYPE, NAME, CONVERT)
 %typemap(in, numinputs=0) TYPE* NAME (TYPE tmp = 0) { $1 = &tmp; }
@@ -164,6 +169,14 @@ KVARN_OUT_STRUCT(kvarn_cache_stats_t, stats, SWIGTYPE_p_kvarn_cache_stats)
 %nothread _dlpack_unpack;
 
 %include "../swig/kvarn.i"
+
+/* The experimental entry points (ablation flags, baseline quantizers) the package exposes as
+ * kvarn.ABLATE_* and kvarn.baseline_roundtrip: kvarn/kvarn_experimental.h, outside the stability
+ * promises of kvarn.h. */
+%{
+#include "kvarn/kvarn_experimental.h"
+%}
+%include "kvarn/kvarn_experimental.h"
 
 /* ---- helpers for the package ------------------------------------------------------------------ */
 %inline %{

@@ -62,6 +62,9 @@
 %ignore kvarn_paged_kv::seq_lens;
 %ignore kvarn_paged_kv::record_tiles;
 %ignore kvarn_attention_params::q_indptr;
+%ignore kvarn_launch::stream;
+%ignore kvarn_launch::seq_status;
+%ignore kvarn_launch::workspace;
 
 %include "kvarn/kvarn.h"
 
@@ -83,5 +86,16 @@
   /* 0 = NULL (decode). */
   void set_q_indptr(unsigned long long q_indptr) {
     $self->q_indptr = (const int32_t*)(uintptr_t)q_indptr;
+  }
+}
+%extend kvarn_launch {
+  /* The capturable layer 2's launch: a cudaStream_t / hipStream_t (0 = the context's stream),
+   * the int32 [batch] per-sequence status array and the workspace, all as integer addresses
+   * (0 = NULL). workspace_bytes is an ordinary member. */
+  void set_pointers(unsigned long long stream, unsigned long long seq_status,
+                    unsigned long long workspace) {
+    $self->stream = (void*)(uintptr_t)stream;
+    $self->seq_status = (int32_t*)(uintptr_t)seq_status;
+    $self->workspace = (void*)(uintptr_t)workspace;
   }
 }

@@ -8,6 +8,10 @@ function without its prefix):
 - the codec: :func:`rotate`, :func:`quantize`, :func:`dequantize` (also methods of Context);
 - paged attention over engine-owned memory: :class:`PagedKV`, :meth:`Context.paged_append`,
   :meth:`Context.paged_flush`, :meth:`Context.paged_attention`;
+- its capturable form (plan / run over metadata in the context's memory, for CUDA graphs):
+  :class:`AttentionPlan`, :class:`FlushPlan`, :func:`paged_append_run`, :func:`paged_flush_run`,
+  :func:`paged_attention_run`, and the torch custom ops ``torch.ops.kvarn.*``
+  (:func:`register_torch_ops`, :mod:`kvarn.torch_ops`, :func:`torch_handle`);
 - the managed cache :class:`Cache`;
 - :func:`selftest`;
 - :class:`Error` and its subclasses, one per status, each carrying ``.status``.
@@ -70,6 +74,15 @@ from ._core import (
     version_info,
 )
 from ._cache import Cache, CacheStats
+from ._paged import (
+    AttentionPlan,
+    FlushPlan,
+    paged_append_run,
+    paged_attention_run,
+    paged_flush_run,
+    register_torch_ops,
+    torch_handle,
+)
 from ._selftest import SelftestReport, selftest
 
 __version__: str = version()
@@ -79,6 +92,7 @@ __all__ = [
     "ABLATE_NO_NORMALIZATION",
     "ABLATE_NO_ROTATION",
     "AlreadyExistsError",
+    "AttentionPlan",
     "Backend",
     "BackendInfo",
     "BackendUnavailableError",
@@ -96,6 +110,7 @@ __all__ = [
     "DeviceError",
     "DeviceMismatchError",
     "Error",
+    "FlushPlan",
     "Fp16OverflowError",
     "InternalError",
     "InvalidArgumentError",
@@ -120,11 +135,16 @@ __all__ = [
     "cpu_isa_best",
     "default_context",
     "dequantize",
+    "paged_append_run",
+    "paged_attention_run",
+    "paged_flush_run",
     "presets",
     "quantize",
+    "register_torch_ops",
     "rotate",
     "selftest",
     "set_max_cpu_isa",
+    "torch_handle",
     "version",
     "version_info",
 ]

@@ -390,6 +390,118 @@ class Cache:
     def export_sequence(self, seq_id: int) -> bytes: ...
     def import_sequence(self, seq_id: int, blob: Any) -> None: ...
 
+# ---- capturable layer 2: plan / run over metadata in the context's memory -----------------------
+
+class FlushPlan:
+    ctx: Context
+    config: Config
+    num_kv_heads: int
+    max_tiles: int
+    workspace_bytes: int
+    workspace: Any
+    def __init__(
+        self,
+        ctx: Context,
+        config: Config,
+        *,
+        num_kv_heads: int,
+        max_tiles: int,
+        like: Optional[ArrayLike] = ...,
+    ) -> None: ...
+    def run(
+        self,
+        kv: PagedKV,
+        n_tiles: ArrayLike,
+        src_pages: ArrayLike,
+        dst_blocks: ArrayLike,
+        tile_seqs: Optional[ArrayLike] = ...,
+        *,
+        seq_status: Optional[ArrayLike] = ...,
+        stream: Optional[int] = ...,
+    ) -> None: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> FlushPlan: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+class AttentionPlan:
+    ctx: Context
+    config: Config
+    batch: int
+    num_kv_heads: int
+    max_blocks_per_seq: int
+    num_q_heads: int
+    max_q_per_seq: int
+    max_total_q: int
+    q_dtype: str
+    out_dtype: str
+    workspace_bytes: int
+    workspace: Any
+    def __init__(
+        self,
+        ctx: Context,
+        config: Config,
+        *,
+        batch: int,
+        num_kv_heads: int,
+        max_blocks_per_seq: int,
+        num_q_heads: int,
+        max_q_per_seq: int = ...,
+        max_total_q: int = ...,
+        scale: float = ...,
+        q_dtype: DTypeLike = ...,
+        out_dtype: Optional[DTypeLike] = ...,
+        num_splits: int = ...,
+        like: Optional[ArrayLike] = ...,
+    ) -> None: ...
+    @property
+    def is_decode(self) -> bool: ...
+    @property
+    def rows(self) -> int: ...
+    def run(
+        self,
+        kv: PagedKV,
+        q: ArrayLike,
+        *,
+        q_indptr: Optional[ArrayLike] = ...,
+        out: Optional[ArrayLike] = ...,
+        lse: Optional[ArrayLike] = ...,
+        return_lse: bool = ...,
+        seq_status: Optional[ArrayLike] = ...,
+        stream: Optional[int] = ...,
+    ) -> Any: ...
+    def close(self) -> None: ...
+    def __enter__(self) -> AttentionPlan: ...
+    def __exit__(self, *exc: Any) -> None: ...
+
+def paged_append_run(
+    ctx: Context,
+    config: Config,
+    kv: PagedKV,
+    token_indptr: ArrayLike,
+    slot_mapping: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    seq_status: Optional[ArrayLike] = ...,
+    dtype: Optional[DTypeLike] = ...,
+    stream: Optional[int] = ...,
+) -> None: ...
+def paged_flush_run(
+    ctx: Context,
+    config: Config,
+    kv: PagedKV,
+    n_tiles: ArrayLike,
+    src_pages: ArrayLike,
+    dst_blocks: ArrayLike,
+    tile_seqs: Optional[ArrayLike] = ...,
+    *,
+    seq_status: Optional[ArrayLike] = ...,
+    stream: Optional[int] = ...,
+) -> None: ...
+def paged_attention_run(plan: AttentionPlan, kv: PagedKV, q: ArrayLike, **kwargs: Any) -> Any: ...
+def torch_handle(obj: Union[AttentionPlan, FlushPlan]) -> int: ...
+def register_torch_ops() -> bool: ...
+
 # ---- selftest -----------------------------------------------------------------------------------
 
 class SelftestReport:

@@ -715,14 +715,23 @@ class PagedKV:
         }
         return cls(**{name: ctx.to_device(arr) for name, arr in host.items()})
 
-    def _c(self, ctx: Context, config: Config) -> Tuple[Any, List[Any]]:
+    def _c(
+        self, ctx: Context, config: Config, stream: Optional[int] = None
+    ) -> Tuple[Any, List[Any]]:
+        """The C struct and what keeps its arrays alive. `stream`: the DLPack stream to ask the
+        producers for the data on (default: the context's; -1 = no synchronization)."""
         g, d = config.tile_tokens, config.head_dim
-        r = ctx._take(self.records, "records", writable=True)
-        kp = ctx._take(self.k_pages, "k_pages", writable=True)
-        vp = ctx._take(self.v_pages, "v_pages", writable=True)
-        bt = ctx._take(self.block_table, "block_table")
-        sl = ctx._take(self.seq_lens, "seq_lens")
-        rt = ctx._take(self.record_tiles, "record_tiles")
+        st = ctx.stream if stream is None else stream
+
+        def take(obj: Any, name: str, writable: bool = False) -> A.Array:
+            return A.take(obj, name, ctx._device, st, writable)
+
+        r = take(self.records, "records", writable=True)
+        kp = take(self.k_pages, "k_pages", writable=True)
+        vp = take(self.v_pages, "v_pages", writable=True)
+        bt = take(self.block_table, "block_table")
+        sl = take(self.seq_lens, "seq_lens")
+        rt = take(self.record_tiles, "record_tiles")
         if len(r.shape) != 3:
             raise ShapeError(
                 f"records: shape {r.shape}, expected (num_record_blocks, Hk, record_stride)"
