@@ -1,7 +1,8 @@
 # Install rules for libkvarn (included from the top-level CMakeLists.txt).
 #
 # Installs, under CMAKE_INSTALL_PREFIX:
-#   include/kvarn/kvarn.h                         the one public header
+#   include/kvarn/kvarn.h                         the public header
+#   include/kvarn/kvarn_experimental.h            research-only entry points (no stability promise)
 #   <libdir>/libkvarn.so.<version>, .so.<ABI>, .so  (SONAME libkvarn.so.<KVARN_ABI_VERSION>)
 #   <libdir>/cmake/kvarn/kvarn{Config,ConfigVersion,Targets*}.cmake
 #                                                 find_package(kvarn) -> kvarn::kvarn
@@ -28,6 +29,7 @@ install(TARGETS kvarn
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 
 install(FILES ${PROJECT_SOURCE_DIR}/capi/include/kvarn/kvarn.h
+    ${PROJECT_SOURCE_DIR}/capi/include/kvarn/kvarn_experimental.h
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR}/kvarn
   COMPONENT Development)
 

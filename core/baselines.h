@@ -9,6 +9,7 @@
 
 #include "core/status.h"
 #include "kvarn/kvarn.h"
+#include "kvarn/kvarn_experimental.h"  // kvarn_baseline_t
 
 namespace kvarn {
 

@@ -4,6 +4,9 @@
 #include <cstring>
 #include <string>
 
+#include "core/abi_struct.h"
+#include "kvarn/kvarn_experimental.h"  // KVARN_ABLATE_* (key_flags / value_flags)
+
 namespace kvarn {
 namespace {
 
@@ -50,13 +53,12 @@ void DefaultConfig(kvarn_config_t* c) {
   c->value_flags = KVARN_ABLATE_NONE;
 }
 
-Status ParseConfig(const kvarn_config_t* c, Config* out) {
-  if (c == nullptr) return InvalidArgument("config is NULL");
-  if (c->size != sizeof(kvarn_config_t)) {
-    return InvalidArgument("config->size is " + std::to_string(c->size) + ", expected " +
-                           std::to_string(sizeof(kvarn_config_t)) +
-                           " (initialize with kvarn_config_defaults)");
-  }
+Status ParseConfig(const kvarn_config_t* in, Config* out) {
+  // Growable struct (core/abi_struct.h): fields past in->size keep the defaults.
+  kvarn_config_t cfg;
+  DefaultConfig(&cfg);
+  KVARN_RETURN_IF_ERROR(ReadStruct(in, "config", &cfg));
+  const kvarn_config_t* c = &cfg;
   if (!IsHeadDim(c->head_dim)) {
     return Unsupported("head_dim " + std::to_string(c->head_dim) +
                        " unsupported (64, 128, 256, 512)");

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/abi_struct.h"
 #include "core/checked.h"
 #include "core/checksum.h"
 #include "core/ops.h"
@@ -542,10 +543,8 @@ Status ManagedCache::Attention(int layer, size_t n_seqs, const int64_t* ids,
 
 Status ManagedCache::Stats(kvarn_cache_stats_t* st) const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (st == nullptr) return InvalidArgument("stats is NULL");
-  if (st->size != sizeof(kvarn_cache_stats_t)) {
-    return InvalidArgument("stats->size must be sizeof(kvarn_cache_stats_t)");
-  }
+  // An output struct (core/abi_struct.h): the fields within stats->size are written.
+  KVARN_RETURN_IF_ERROR(CheckOutStruct(st, "stats"));
   kvarn_cache_stats_t r;
   std::memset(&r, 0, sizeof r);
   r.size = sizeof r;
@@ -570,8 +569,7 @@ Status ManagedCache::Stats(kvarn_cache_stats_t* st) const {
       static_cast<int64_t>(L_) * (num_blocks_ * block_bytes + num_pages_ * page_bytes);
   r.fp16_bytes = r.tokens * Hk_ * cfg_.D * 2 * 2;
   r.compression_ratio = r.bytes_used > 0 ? static_cast<double>(r.fp16_bytes) / r.bytes_used : 0.0;
-  *st = r;
-  return Status::Ok();
+  return WriteStruct(r, "stats", st);
 }
 
 // ---- export / import ----------------------------------------------------------------------

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "core/abi_struct.h"
 #include "core/checked.h"
 
 namespace kvarn {
@@ -113,11 +114,12 @@ Status OpDequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void*
   return ctx->ops->dequantize(ctx, cfg, n_tiles, records, record_stride, flags, out_dtype, k, v);
 }
 
-Status ParsePagedKV(const kvarn_paged_kv_t* in, const Config& cfg, PagedKV* out) {
-  if (in == nullptr) return InvalidArgument("paged kv is NULL");
-  if (in->size != sizeof(kvarn_paged_kv_t)) {
-    return InvalidArgument("kv->size mismatch (initialize with kvarn_paged_kv_defaults)");
-  }
+Status ParsePagedKV(const kvarn_paged_kv_t* kv_in, const Config& cfg, PagedKV* out) {
+  // Growable struct (core/abi_struct.h): fields past kv->size keep the defaults.
+  kvarn_paged_kv_t kv_read;
+  kvarn_paged_kv_defaults(&kv_read);
+  KVARN_RETURN_IF_ERROR(ReadStruct(kv_in, "kv", &kv_read));
+  const kvarn_paged_kv_t* in = &kv_read;
   if (in->num_kv_heads <= 0) return InvalidArgument("num_kv_heads must be >= 1");
   if (in->batch < 0) return InvalidArgument("batch must be >= 0");
   if (in->num_pages < 0 || in->num_record_blocks < 0 || in->max_blocks_per_seq < 0) {
@@ -160,12 +162,13 @@ Status ParsePagedKV(const kvarn_paged_kv_t* in, const Config& cfg, PagedKV* out)
   return Status::Ok();
 }
 
-Status ParseAttentionParams(const kvarn_attention_params_t* in, const Config& cfg, int num_kv_heads,
-                            AttentionArgs* out) {
-  if (in == nullptr) return InvalidArgument("attention params are NULL");
-  if (in->size != sizeof(kvarn_attention_params_t)) {
-    return InvalidArgument("params->size mismatch (use kvarn_attention_params_defaults)");
-  }
+Status ParseAttentionParams(const kvarn_attention_params_t* params_in, const Config& cfg,
+                            int num_kv_heads, AttentionArgs* out) {
+  // Growable struct (core/abi_struct.h): fields past params->size keep the defaults.
+  kvarn_attention_params_t params_read;
+  kvarn_attention_params_defaults(&params_read);
+  KVARN_RETURN_IF_ERROR(ReadStruct(params_in, "params", &params_read));
+  const kvarn_attention_params_t* in = &params_read;
   if (in->num_q_heads <= 0 || in->num_q_heads % num_kv_heads != 0) {
     return InvalidArgument("num_q_heads " + std::to_string(in->num_q_heads) +
                            " must be a positive multiple of num_kv_heads " +

@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "kvarn/kvarn_experimental.h"
 #include "support/kvarn_test.h"
 #include "support/rng.h"
 

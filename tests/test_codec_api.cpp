@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvarn/kvarn.h"
+#include "kvarn/kvarn_experimental.h"
 #include "support/fp.h"
 #include "support/kvarn_test.h"
 #include "support/reference.h"

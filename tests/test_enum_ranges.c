@@ -4,6 +4,7 @@
  * C on purpose: forming such a value in C++ would itself be undefined. Run under UBSan (preset
  * cpu-asan), where the library's invalid enum loads used to abort. */
 #include <kvarn/kvarn.h>
+#include <kvarn/kvarn_experimental.h>
 #include <stdio.h>
 #include <string.h>
 

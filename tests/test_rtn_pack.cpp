@@ -13,6 +13,7 @@
 #include "core/config.h"
 #include "core/half.h"
 #include "kvarn/kvarn.h"
+#include "kvarn/kvarn_experimental.h"
 #include "support/kvarn_test.h"
 
 namespace {

@@ -12,6 +12,7 @@
 
 #include "kvarn/kvarn.h"
 #include "support/attention_check.h"
+#include "kvarn/kvarn_experimental.h"
 #include "support/fp.h"
 #include "support/kvarn_test.h"
 #include "support/reference.h"

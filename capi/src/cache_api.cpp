@@ -2,6 +2,7 @@
 #include <cstring>
 
 #include "capi/src/shim.h"
+#include "core/abi_struct.h"
 #include "core/managed_cache.h"
 #include "core/ops.h"
 
@@ -42,13 +43,14 @@ kvarn_status_t kvarn_cache_create(kvarn_context_t* context, const kvarn_cache_op
     if (options == nullptr || out_cache == nullptr) {
       return kvarn::InvalidArgument("options or out_cache is NULL");
     }
-    if (options->size != sizeof(kvarn_cache_options_t)) {
-      return kvarn::InvalidArgument(
-          "options->size mismatch (initialize with kvarn_cache_options_defaults)");
-    }
+    // Growable struct (core/abi_struct.h): fields past options->size keep the defaults; the
+    // whole embedded config must be there, with its own size exactly sizeof(kvarn_config_t).
+    kvarn_cache_options_t o;
+    kvarn_cache_options_defaults(&o);
+    KVARN_RETURN_IF_ERROR(kvarn::ReadStruct(options, "options", &o));
+    KVARN_RETURN_IF_ERROR(kvarn::CheckEmbeddedConfig(o.config, "options->config"));
     auto handle = std::make_unique<kvarn_cache>();
-    KVARN_RETURN_IF_ERROR(
-        kvarn::ManagedCache::Create(context->impl.get(), *options, &handle->impl));
+    KVARN_RETURN_IF_ERROR(kvarn::ManagedCache::Create(context->impl.get(), o, &handle->impl));
     *out_cache = handle.release();
     return Status::Ok();
   });

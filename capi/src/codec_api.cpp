@@ -6,6 +6,7 @@
 #include "core/baselines.h"
 #include "core/config.h"
 #include "core/ops.h"
+#include "kvarn/kvarn_experimental.h"  // kvarn_baseline_roundtrip
 
 using kvarn::Config;
 using kvarn::Status;

@@ -4,6 +4,7 @@
 
 #include "backends/cpu/cpu_isa.h"
 #include "capi/src/shim.h"
+#include "core/abi_struct.h"
 #include "core/ops.h"
 
 using kvarn::Status;
@@ -16,30 +17,31 @@ int32_t kvarn_backend_count(void) { return kvarn::BackendCount(); }
 
 kvarn_status_t kvarn_backend_get_info(int32_t index, kvarn_backend_info_t* info) {
   return Guard([&]() -> Status {
-    if (info == nullptr) return kvarn::InvalidArgument("info is NULL");
-    if (info->size != sizeof(kvarn_backend_info_t)) {
-      return kvarn::InvalidArgument("info->size must be sizeof(kvarn_backend_info_t)");
-    }
+    // An output struct (core/abi_struct.h): the fields within info->size are written.
+    KVARN_RETURN_IF_ERROR(kvarn::CheckOutStruct(info, "info"));
     if (index < 0 || index >= kvarn::BackendCount()) {
       return {KVARN_ERR_NOT_FOUND, "backend index " + std::to_string(index) + " out of range"};
     }
+    kvarn_backend_info_t r;
+    std::memset(&r, 0, sizeof r);
+    r.size = sizeof r;
     const kvarn::BackendOps* ops = kvarn::BackendAt(index);
     const kvarn_backend_t kind = kvarn::BackendKindAt(index);
-    info->backend = kind;
-    info->name = kvarn_backend_name(kind);
+    r.backend = kind;
+    r.name = kvarn_backend_name(kind);
     if (ops == nullptr) {
-      info->available = 0;
-      info->device_count = 0;
-      info->reason = kvarn::BackendMissingReasonAt(index);
-      return Status::Ok();
+      r.available = 0;
+      r.device_count = 0;
+      r.reason = kvarn::BackendMissingReasonAt(index);
+    } else {
+      int n = 0;
+      const char* reason = "";
+      ops->probe(&n, &reason);
+      r.available = n > 0 ? 1 : 0;
+      r.device_count = n;
+      r.reason = n > 0 ? "" : reason;
     }
-    int n = 0;
-    const char* reason = "";
-    ops->probe(&n, &reason);
-    info->available = n > 0 ? 1 : 0;
-    info->device_count = n;
-    info->reason = n > 0 ? "" : reason;
-    return Status::Ok();
+    return kvarn::WriteStruct(r, "info", info);
   });
 }
 
@@ -114,13 +116,8 @@ kvarn_status_t kvarn_context_create(const kvarn_context_options_t* options,
     if (out_context == nullptr) return kvarn::InvalidArgument("out_context is NULL");
     kvarn_context_options_t o;
     kvarn_context_options_defaults(&o);
-    if (options != nullptr) {
-      if (options->size != sizeof(kvarn_context_options_t)) {
-        return kvarn::InvalidArgument(
-            "options->size mismatch (initialize with kvarn_context_options_defaults)");
-      }
-      o = *options;
-    }
+    // Growable struct (core/abi_struct.h): fields past options->size keep the defaults.
+    if (options != nullptr) KVARN_RETURN_IF_ERROR(kvarn::ReadStruct(options, "options", &o));
     if (o.num_threads < 0) return kvarn::InvalidArgument("num_threads must be >= 0");
     const int32_t backend = kvarn::EnumInt(o.backend);
     if (backend < KVARN_BACKEND_AUTO || backend > KVARN_BACKEND_ROCM) {

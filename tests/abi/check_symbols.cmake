@@ -1,14 +1,16 @@
 # Checks the dynamic symbols libkvarn.so exports against the golden list capi/symbols.txt.
 #
 #   cmake -DLIBRARY=<libkvarn.so> -DGOLDEN=<capi/symbols.txt> [-DHEADER=<kvarn.h>]
-#         [-DNM=<nm>] [-DREADELF=<readelf>] [-DEXPECTED_SONAME=libkvarn.so.0]
-#         [-DVERSION_NODE=KVARN_0] -P check_symbols.cmake
+#         [-DEXPERIMENTAL_HEADER=<kvarn_experimental.h>] [-DNM=<nm>] [-DREADELF=<readelf>]
+#         [-DEXPECTED_SONAME=libkvarn.so.0] [-DVERSION_NODE=KVARN_0] -P check_symbols.cmake
 #
 # Fails (with a diff-like listing) when
 #   - the library exports a symbol that is not in the golden list (a leaked internal symbol, a
 #     C++ symbol, a data symbol) or misses one that is;
-#   - HEADER is given and the KVARN_API declarations of the header differ from the golden list
-#     (a function added to kvarn.h must be added to symbols.txt, and the other way round);
+#   - HEADER is given and the KVARN_API declarations of the header (together with those of
+#     EXPERIMENTAL_HEADER, when given: its functions are exported too, without the stability
+#     promise) differ from the golden list (a function added to kvarn.h or kvarn_experimental.h
+#     must be added to symbols.txt, and the other way round);
 #   - an exported symbol is not in the version node VERSION_NODE of capi/kvarn.map;
 #   - READELF and EXPECTED_SONAME are given and the SONAME differs.
 cmake_minimum_required(VERSION 3.25)
@@ -123,20 +125,27 @@ endif()
 
 # ---- what the header declares -------------------------------------------------------------
 if(HEADER)
-  file(READ "${HEADER}" _hdr)
-  string(REGEX MATCHALL "KVARN_API[^;(#]*\\(" _decls "${_hdr}")
   set(declared "")
-  foreach(_d IN LISTS _decls)
-    if(_d MATCHES "([A-Za-z_][A-Za-z_0-9]*)[ \t\r\n]*\\($")
-      set(_fn "${CMAKE_MATCH_1}")
-      if(_fn MATCHES "^kvarn_")
-        list(APPEND declared "${_fn}")
+  set(_headers "${HEADER}")
+  if(EXPERIMENTAL_HEADER)
+    list(APPEND _headers "${EXPERIMENTAL_HEADER}")
+  endif()
+  foreach(_h IN LISTS _headers)
+    file(READ "${_h}" _hdr)
+    string(REGEX MATCHALL "KVARN_API[^;(#]*\\(" _decls "${_hdr}")
+    foreach(_d IN LISTS _decls)
+      if(_d MATCHES "([A-Za-z_][A-Za-z_0-9]*)[ \t\r\n]*\\($")
+        set(_fn "${CMAKE_MATCH_1}")
+        if(_fn MATCHES "^kvarn_")
+          list(APPEND declared "${_fn}")
+        endif()
       endif()
-    endif()
+    endforeach()
   endforeach()
   list(REMOVE_DUPLICATES declared)
   list(SORT declared)
-  diff_lists("${GOLDEN} (golden)" golden "${HEADER} (KVARN_API declarations)" declared)
+  list(JOIN _headers " + " _headers_text)
+  diff_lists("${GOLDEN} (golden)" golden "${_headers_text} (KVARN_API declarations)" declared)
   if(DIFF_COUNT GREATER 0)
     string(APPEND failures "The golden list differs from the header's KVARN_API functions:\n"
       "${DIFF_TEXT}")

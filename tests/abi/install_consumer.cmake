@@ -52,6 +52,7 @@ run("${CMAKE_COMMAND}" --install "${BUILD_DIR}" --prefix "${prefix}" --config "$
 set(_missing "")
 foreach(_f IN ITEMS
     "${INCLUDEDIR}/kvarn/kvarn.h"
+    "${INCLUDEDIR}/kvarn/kvarn_experimental.h"
     "${LIBDIR}/libkvarn.so"
     "${LIBDIR}/${EXPECTED_SONAME}"
     "${LIBDIR}/cmake/kvarn/kvarnConfig.cmake"

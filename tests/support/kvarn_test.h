@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kvarn/kvarn.h"
+#include "kvarn/kvarn_experimental.h"
 #include "support/fp.h"
 #include "support/reference.h"
 #include "support/rng.h"

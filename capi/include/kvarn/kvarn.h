@@ -18,8 +18,29 @@
  * with KVARN_ERR_OUT_OF_MEMORY (an in-place rotate may leave some rows rotated). Enum arguments
  * and fields are read as integers: a value outside its enumeration gives
  * KVARN_ERR_INVALID_ARGUMENT (or "unknown" / 0 from the calls that cannot fail). Sizes formed
- * from arguments are computed with overflow checks. Option structs start with a `size` field and
- * are initialized by their *_defaults() function.
+ * from arguments are computed with overflow checks.
+ *
+ * Growable structs (docs/API.md, "Growable structs"): every struct passed by pointer starts with
+ * `size_t size`, which the caller sets to the sizeof() of the header it was compiled with;
+ * initialize structs with their *_defaults() function (it sets size, the defaults and zero
+ * padding), or zero them and set size. A newer library reads an older, smaller struct, and an
+ * older library a newer, larger one:
+ *   - Input structs (kvarn_context_options_t, kvarn_config_t, kvarn_paged_kv_t,
+ *     kvarn_attention_params_t, kvarn_cache_options_t, and the other option structs below): a
+ *     field is read when it lies wholly within `size`; a field past `size` (or cut by it) takes
+ *     the default its *_defaults() function gives. Bytes past the library's own sizeof must be
+ *     zero (fields of a newer header left unset): if one is not, the call fails with
+ *     KVARN_ERR_UNSUPPORTED (the caller asked for something this library does not know).
+ *   - Output structs (kvarn_backend_info_t, kvarn_cache_stats_t): the library writes the fields
+ *     that lie wholly within `size`, zeroes the caller's other bytes up to `size` (fields this
+ *     library does not know read as 0) and leaves `size` as it was.
+ *   - `size` below sizeof(size_t) (kvarn_cache_options_t: below the end of its embedded
+ *     `config`) or above 4096 is KVARN_ERR_INVALID_ARGUMENT, with nothing read or written.
+ *   - Fields added in later versions go at the end and take 0 to mean "as before".
+ *     kvarn_config_t does not grow: it is embedded in kvarn_cache_options_t (see there).
+ *
+ * Experimental entry points (the KVARN_ABLATE_* values of kvarn_config_t's flag fields and the
+ * baseline quantizers) are in kvarn/kvarn_experimental.h, outside these stability promises.
  *
  * Threads: kvarn_last_error() is per thread; kvarn_set_max_cpu_isa() is process-wide and may be
  * called from any thread. A context (kvarn_context_t) may be used by one thread at a time: calls
@@ -233,11 +254,14 @@ KVARN_API kvarn_status_t kvarn_context_synchronize(kvarn_context_t* context);
  * Configurations (ALGORITHM.md sections 2-7)
  * ------------------------------------------------------------------------------------------- */
 
-/* Ablation switches, per tensor (K and V separately): for accuracy studies and baselines. */
-#define KVARN_ABLATE_NONE 0u
-#define KVARN_ABLATE_NO_ROTATION 1u      /* the cache holds unrotated vectors */
-#define KVARN_ABLATE_NO_NORMALIZATION 2u /* no Sinkhorn passes: plain per-row RTN */
-
+/* A quantization config. A growable input struct like the others when passed alone (fields past
+ * `size` keep the kvarn_config_defaults values), but its layout is frozen: kvarn_cache_options_t
+ * embeds it by value, so its size places the cache options' later fields, and an embedded
+ * config must have size == sizeof(kvarn_config_t) exactly. New quantization settings will go
+ * into new structs or new fields of the structs that take a config, never into this one.
+ * key_flags / value_flags are experimental: their values (KVARN_ABLATE_*) are defined in
+ * kvarn/kvarn_experimental.h and may change in any release; 0 (the default, the KVarN
+ * algorithm) is their only stable value. */
 typedef struct kvarn_config {
   size_t size;          /* sizeof(kvarn_config_t) */
   int32_t head_dim;     /* D: 64, 128, 256, 512 */
@@ -246,11 +270,11 @@ typedef struct kvarn_config {
   int32_t value_bits;   /* bV: 2, 4, 8 */
   int32_t iterations;   /* Sinkhorn passes T: 0..32 (default 8) */
   int32_t sink_tiles;   /* leading tiles kept fp16: 0..64 (default 1) */
-  uint32_t key_flags;   /* KVARN_ABLATE_* for K */
-  uint32_t value_flags; /* KVARN_ABLATE_* for V */
+  uint32_t key_flags;   /* experimental: 0, or KVARN_ABLATE_* (kvarn_experimental.h) for K */
+  uint32_t value_flags; /* experimental: 0, or KVARN_ABLATE_* (kvarn_experimental.h) for V */
 } kvarn_config_t;
 
-/* The default configuration: preset "k4v2_g128", D 128, T 8, one sink tile, no ablation. */
+/* The default configuration: preset "k4v2_g128", D 128, T 8, one sink tile, flags 0. */
 KVARN_API void kvarn_config_defaults(kvarn_config_t* config);
 /* Fills config from a preset name ("k4v2_g128", "k4v2_g64", "k4v4_g128", "k4v4_g64",
  * "k2v2_g128", "k8v8_g128", and any "k<b>v<b>_g<G>" with b in {2,4,8}, G in {64,128}) and a head
@@ -328,24 +352,6 @@ KVARN_API kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_
                                           size_t n_tiles, const void* records, size_t record_stride,
                                           uint32_t flags, kvarn_dtype_t out_dtype, void* k_out,
                                           void* v_out);
-
-/* Baseline quantizers for accuracy studies (docs/ACCURACY.md): methods the KVarN record is
- * compared against that its ablation switches cannot express. Host memory, fp32, no context. */
-typedef enum kvarn_baseline {
-  /* Asymmetric min/max round-to-nearest of each row at `bits` (2..8) bits with an fp16 scale and
-   * zero per row: code = clamp(rint((x - z) / s), 0, 2^bits - 1), x' = code * s + z. */
-  KVARN_BASELINE_PER_TOKEN_RTN = 0,
-  /* fp8 e4m3 (OCP, max 448) with an fp16 per-row scale absmax / 448; `bits` is ignored. */
-  KVARN_BASELINE_FP8_E4M3 = 1,
-  KVARN_BASELINE_SENTINEL_ = 0x7fffffff
-} kvarn_baseline_t;
-
-/* Quantizes and reconstructs each of `rows` rows of `cols` floats (a token's channels) with
- * `method`; `out` may equal `in`. NaN/Inf inputs give KVARN_ERR_NON_FINITE and |x| > 65504
- * KVARN_ERR_OVERFLOW, with nothing written. */
-KVARN_API kvarn_status_t kvarn_baseline_roundtrip(kvarn_baseline_t method, int32_t bits,
-                                                  size_t rows, int32_t cols, const float* in,
-                                                  float* out);
 
 /* ---------------------------------------------------------------------------------------------
  * Layer 2: paged attention over engine-owned memory
