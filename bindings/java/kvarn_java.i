@@ -141,6 +141,7 @@ static int kvarn_java_out_array(JNIEnv* jenv, jarray array) {
 %enddef
 KVARN_JAVA_HANDLE(kvarn_context_t)
 KVARN_JAVA_HANDLE(kvarn_cache_t)
+KVARN_JAVA_HANDLE(kvarn_attention_plan_t)
 
 /* ---- memory arguments as direct buffers ------------------------------------------------------- */
 %typemap(jni) void*, const void* "jobject"
@@ -152,6 +153,13 @@ KVARN_JAVA_HANDLE(kvarn_cache_t)
 }
 %apply void* { float* out, float* lse };
 %apply const void* { const float* in };
+/* The capturable layer 2 (plan / run): int32 arrays in the context's memory, as direct buffers
+ * (host memory of a CPU context). The run calls whose parameter names clash with the host id
+ * arrays above (token_indptr, src_pages, dst_blocks) are wrapped below with buffer parameters. */
+%apply const void* { const int32_t* slot_mapping, const int32_t* n_tiles,
+                     const int32_t* tile_seqs, const int32_t* q_indptr };
+%ignore kvarn_paged_append_run;
+%ignore kvarn_paged_flush_run;
 
 /* ---- host id arrays ----------------------------------------------------------------------- */
 %define KVARN_JAVA_IN_ARRAY(CTYPE, NAME, JARRAY, JTYPE, GET, RELEASE, JELEM)
@@ -244,6 +252,8 @@ KVARN_JAVA_OUT(void*, out_ptr, jlongArray, long, jlong, SetLongArrayRegion)
 %rename(NativePagedKv) kvarn_paged_kv;
 %rename(NativeBackendInfo) kvarn_backend_info;
 %rename(NativeCacheStats) kvarn_cache_stats;
+%rename(NativeLaunch) kvarn_launch;
+%rename(NativeAttentionShape) kvarn_attention_shape;
 %define KVARN_JAVA_STRUCT(TAG, TYPE, INIT)
 %extend TAG {
   TAG() {
@@ -267,10 +277,44 @@ KVARN_JAVA_STRUCT(kvarn_attention_params, kvarn_attention_params_t,
 KVARN_JAVA_STRUCT(kvarn_paged_kv, kvarn_paged_kv_t, kvarn_paged_kv_defaults(self);)
 KVARN_JAVA_STRUCT(kvarn_backend_info, kvarn_backend_info_t, )
 KVARN_JAVA_STRUCT(kvarn_cache_stats, kvarn_cache_stats_t, )
+KVARN_JAVA_STRUCT(kvarn_launch, kvarn_launch_t, kvarn_launch_defaults(self);)
+KVARN_JAVA_STRUCT(kvarn_attention_shape, kvarn_attention_shape_t,
+                  kvarn_attention_shape_defaults(self);)
 /* The stream is a device stream address; set through set_stream. */
 %ignore kvarn_context_options::stream;
 
 %include "../swig/kvarn.i"
+
+/* kvarn_paged_append_run / kvarn_paged_flush_run with every array a direct buffer (context
+ * memory), under their usual names. */
+%rename(paged_append_run) kvarn_java_paged_append_run;
+%rename(paged_flush_run) kvarn_java_paged_flush_run;
+%inline %{
+static kvarn_status_t kvarn_java_paged_append_run(kvarn_context_t* context,
+                                                  const kvarn_config_t* config,
+                                                  const kvarn_paged_kv_t* kv,
+                                                  const kvarn_launch_t* launch,
+                                                  const void* token_indptr_buffer,
+                                                  const void* slot_mapping_buffer,
+                                                  size_t max_tokens, kvarn_dtype_t dtype,
+                                                  const void* k, const void* v) {
+  return kvarn_paged_append_run(context, config, kv, launch, (const int32_t*)token_indptr_buffer,
+                                (const int32_t*)slot_mapping_buffer, max_tokens, dtype, k, v);
+}
+static kvarn_status_t kvarn_java_paged_flush_run(kvarn_context_t* context,
+                                                 const kvarn_config_t* config,
+                                                 const kvarn_paged_kv_t* kv,
+                                                 const kvarn_launch_t* launch, size_t max_tiles,
+                                                 const void* n_tiles_buffer,
+                                                 const void* src_pages_buffer,
+                                                 const void* dst_blocks_buffer,
+                                                 const void* tile_seqs_buffer) {
+  return kvarn_paged_flush_run(context, config, kv, launch, max_tiles,
+                               (const int32_t*)n_tiles_buffer, (const int32_t*)src_pages_buffer,
+                               (const int32_t*)dst_blocks_buffer,
+                               (const int32_t*)tile_seqs_buffer);
+}
+%}
 
 %extend kvarn_context_options {
   /* A cudaStream_t / hipStream_t as an integer address; 0 = the default stream. */
