@@ -16,7 +16,7 @@
 
 namespace kvarn {
 
-constexpr int kBackendInterfaceVersion = 1;
+constexpr int kBackendInterfaceVersion = 2;
 
 // A validated view of kvarn_paged_kv_t.
 struct PagedKV {
@@ -42,6 +42,41 @@ struct AttentionArgs {
   kvarn_dtype_t out_dtype = KVARN_DTYPE_F32;
   int num_splits = 0;
 };
+
+// Where a capturable (*_run) call executes: a validated kvarn_launch_t.
+struct LaunchArgs {
+  void* stream = nullptr;         // NULL = the context's stream
+  int32_t* seq_status = nullptr;  // [batch] per-sequence status, or NULL (whole-call errors)
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// The shape an attention plan is made for (a validated kvarn_attention_shape_t).
+struct AttentionShape {
+  int batch = 0;
+  int num_kv_heads = 0;
+  int max_blocks_per_seq = 0;
+  int max_q_per_seq = 0;    // 0 = decode
+  int64_t max_total_q = 0;  // rows of q/out/lse (batch for decode)
+  bool decode() const { return max_q_per_seq == 0; }
+};
+
+// What the backend decided for a shape: kernel, splits and workspace. Made once per plan, read
+// by every run; the fields a backend does not use stay at their defaults.
+struct AttentionPlan {
+  int splits = 1;
+  int tiles_per_split = 1;
+  int chunks_per_seq = 1;         // row chunks of the kernel the plan is for
+  bool extend = false;            // GPU: the tensor-core extend kernel
+  int decode_chunks_per_seq = 1;  // GPU: row chunks of the decode kernels (misaligned pools)
+  size_t rows_total = 0;          // output rows (query tokens x query heads)
+  size_t ml_bytes = 0, acc_bytes = 0, indptr_bytes = 0;
+  size_t workspace = 0;
+};
+
+// Workspace of a capturable flush: the staged records of every listed tile (validate, then
+// write). The same on every backend, so it is computable before a context exists.
+size_t FlushWorkspaceBytes(const Config& cfg, int num_kv_heads, size_t max_tiles);
 
 enum class CopyKind { kHostToDevice, kDeviceToHost, kDeviceToDevice };
 
@@ -84,6 +119,23 @@ struct BackendOps {
   Status (*paged_attention)(Context* ctx, const Config& cfg, const PagedKV& kv,
                             const AttentionArgs& args, const void* q, void* out, float* lse,
                             void* workspace, size_t workspace_bytes);
+
+  // Layer 2, capturable form (kvarn.h "plan / run"): metadata in the context's memory, no host
+  // synchronization, allocation or host reads on GPU backends.
+  Status (*attention_plan)(Context* ctx, const Config& cfg, const AttentionShape& shape,
+                           const AttentionArgs& args, AttentionPlan* plan);
+  Status (*paged_append_run)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                             const LaunchArgs& launch, const int32_t* token_indptr,
+                             const int32_t* slot_mapping, size_t max_tokens, kvarn_dtype_t dtype,
+                             const void* k, const void* v);
+  Status (*paged_flush_run)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                            const LaunchArgs& launch, size_t max_tiles, const int32_t* n_tiles,
+                            const int32_t* src_pages, const int32_t* dst_blocks,
+                            const int32_t* tile_seqs);
+  Status (*paged_attention_run)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                const AttentionShape& shape, const AttentionArgs& args,
+                                const AttentionPlan& plan, const LaunchArgs& launch,
+                                const int32_t* q_indptr, const void* q, void* out, float* lse);
 };
 
 struct Context {

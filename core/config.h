@@ -1,4 +1,4 @@
-// Configurations, presets and the record layout (ALGORITHM.md sections 2 and 7).
+// Configurations, presets and the record layout (docs/FORMAT.md sections 2 and 7).
 #pragma once
 
 #include <cstddef>

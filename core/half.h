@@ -1,5 +1,5 @@
 // fp16 / bf16 <-> fp32 conversions with round-to-nearest-even, bit-exact on every platform.
-// The cache format stores fp16 (ALGORITHM.md sections 3 and 6); every backend must round the
+// The cache format stores fp16 (docs/FORMAT.md sections 3 and 6); every backend must round the
 // same way, so this is the one definition of it.
 #pragma once
 

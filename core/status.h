@@ -1,4 +1,4 @@
-// Failures inside the core are values (STYLE.md): a status code plus a message. The C shims turn
+// Failures inside the core are values: a status code plus a message. The C shims turn
 // them into kvarn_status_t and the thread-local last-error text.
 #pragma once
 

@@ -11,3 +11,12 @@ foreach(_gpu_suite cuda_codec cuda_attention cuda_cache cuda_multicontext)
     endif()
   endif()
 endforeach()
+
+# The decode step captured in a CUDA graph: needs the CUDA runtime for streams and graphs, so it
+# is built with the CUDA backend only.
+if(KVARN_ENABLE_CUDA AND TARGET CUDA::cudart_static)
+  kvarn_add_gtest(kvarn_test_cuda_graph
+    SOURCES test_cuda_graph.cpp
+    LABELS gpu)
+  target_link_libraries(kvarn_test_cuda_graph PRIVATE CUDA::cudart_static)
+endif()

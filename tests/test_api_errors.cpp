@@ -1,7 +1,7 @@
 // Bad input at the C API for every layer-1/2 function and the version, status, backend, context
 // and config functions: the documented status, a kvarn_last_error() that names the problem, and
 // outputs left exactly as they were (kvarn.h: "A failing call changes nothing it was given to
-// write"; TARGETS.md, reliability).
+// write"; bench/RESULTS.md, Targets: reliability).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -771,7 +771,8 @@ TEST_F(PagedErrors, AttentionRejectsMoreQueriesThanCachedTokens) {
   out_.assign(72 * 8 * 64, 9.f);
   lse_.assign(72 * 8, 9.f);
   ExpectAttentionFails(&kv, &p, KVARN_ERR_INVALID_ARGUMENT, "query tokens");
-  // Decode needs one cached token per sequence.
+  // A decode slot with no cached tokens is padding (kvarn.h): zero output rows, lse -inf, and
+  // the other sequence is attended as usual.
   std::vector<int32_t> lens = {150, 0};
   std::vector<int32_t> rt = {1, 0};
   kvarn_paged_kv_t b = kv;

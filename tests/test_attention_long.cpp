@@ -1,4 +1,4 @@
-// A 128k-token context (TARGETS.md: contexts from 1 token to 128k), decode and extend, against
+// A 128k-token context (docs/FORMAT.md section 10: contexts up to 128k), decode and extend, against
 // float64 attention over the same dequantized cache. Labelled `slow`: not in the default run
 // (ctest -LE slow); run it with ctest -L slow.
 #include <gtest/gtest.h>

@@ -1,5 +1,5 @@
 // One context per thread from 8 threads at once gives the same results as one thread
-// (TARGETS.md, reliability), and a context's thread count never changes a result.
+// (bench/RESULTS.md, Targets: reliability), and a context's thread count never changes a result.
 #include <gtest/gtest.h>
 #include <kvarn/kvarn.h>
 

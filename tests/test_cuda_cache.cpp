@@ -2,7 +2,7 @@
 // (committed and speculative), commit, truncate, fork, remove, export/import, with the same
 // statuses, lengths and statistics on both, and attention outputs that agree. Records made on
 // the GPU may differ from the CPU's in rare codes and in how scales split between rows and
-// columns (ALGORITHM.md section 4), so exactness is checked through an export of the GPU
+// columns (docs/FORMAT.md section 4), so exactness is checked through an export of the GPU
 // sequence imported into a CPU cache: the same records must give the same attention there.
 #include <gtest/gtest.h>
 

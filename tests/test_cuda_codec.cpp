@@ -1,5 +1,5 @@
 // The CUDA codec (rotate, quantize, dequantize, paged append and flush) against the CPU scalar
-// reference through the public API (TARGETS.md, "GPU vs CPU reference"): >= 99.99% identical
+// reference through the public API (docs/FORMAT.md section 10): >= 99.99% identical
 // codes, per-tile reconstruction within relative L2 2e-2 of the CPU's, mean quantization error
 // within 0.1% of the CPU's; rotation and dequantization of the same records equal to the CPU's;
 // deterministic bytes; every failure reported with nothing written. Skipped without a device.
@@ -151,7 +151,7 @@ void ExpectParity(const Parity& p, const std::string& what) {
   EXPECT_LE(p.worst_tile_rel, 2e-2);
   EXPECT_GT(p.err_cpu, 0.0);
   // Never worse than the reference by more than 0.1%; the GPU may pick other best iterates on
-  // near-ties (ALGORITHM.md section 4), which on the H200 made it up to 0.19% *better* for
+  // near-ties (docs/FORMAT.md section 4), which on the H200 made it up to 0.19% *better* for
   // k8v8 D64 (device run 5), so the other side is bounded at 0.5%.
   EXPECT_LE(p.err_gpu - p.err_cpu, 1e-3 * p.err_cpu)
       << "mean squared error gpu " << p.err_gpu << " vs cpu " << p.err_cpu;

@@ -148,7 +148,7 @@ TEST_P(Golden, TileReconstructionsWithin2PercentRelL2) {
 TEST_P(Golden, MeanQuantizationErrorWithinOnePermilleOfGolden) {
   // The mean absolute error of the reconstruction against the cache-frame (rotated fp16) input,
   // over the whole file, K and V separately, within 0.1% of the golden records'. The mean squared
-  // error may only be lower than 0.1% above the golden one: on near-tie iterates (ALGORITHM.md
+  // error may only be lower than 0.1% above the golden one: on near-tie iterates (docs/FORMAT.md
   // section 4) the fp16 rounding of the scales changes, which with 8-bit codes moves the MSE of
   // a file by about 0.1% either way (k8v8_g128_d128_gauss: K MSE 0.14% below the golden one).
   const GoldenEntry& g = GetParam();

@@ -1,5 +1,5 @@
-// The Hadamard rotation (ALGORITHM.md section 3): the fast transform of the CPU backend equals the
-// orthonormal Sylvester matrix, and kvarn_rotate applies it for every dtype pair and in place.
+// The Hadamard rotation (docs/FORMAT.md section 3): the fast transform of the CPU backend equals
+// the orthonormal Sylvester matrix, and kvarn_rotate applies it for every dtype pair and in place.
 #include <gtest/gtest.h>
 
 #include <cmath>

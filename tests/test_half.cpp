@@ -1,5 +1,5 @@
 // fp16 / bf16 conversions of core/half.h: round to nearest even, subnormals, overflow, NaN
-// (ALGORITHM.md sections 3 and 6: every backend rounds to fp16 the same way).
+// (docs/FORMAT.md sections 3 and 6: every backend rounds to fp16 the same way).
 #include <gtest/gtest.h>
 
 #include <cmath>

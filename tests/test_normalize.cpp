@@ -1,4 +1,4 @@
-// Variance normalization of one tile (ALGORITHM.md section 4) in the CPU reference.
+// Variance normalization of one tile (docs/FORMAT.md section 4) in the CPU reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,7 +32,7 @@ std::vector<float> MakeTile(kvt::Rng& rng, int R, int C, double outlier = 20.0) 
   return m;
 }
 
-// The loop of ALGORITHM.md section 4, written again here, returning the imbalance of every
+// The loop of docs/FORMAT.md section 4, written again here, returning the imbalance of every
 // iterate (index 0 = the input) and the log scales of each.
 struct Iterates {
   std::vector<float> imb;
@@ -77,7 +77,7 @@ Iterates RunLoop(const std::vector<float>& M, int R, int C, int T) {
 struct Shape {
   int R, C;
 };
-// K tiles are D x G, V tiles G x D (ALGORITHM.md section 4).
+// K tiles are D x G, V tiles G x D (docs/FORMAT.md section 4).
 const Shape kShapes[] = {{128, 128}, {64, 128}, {128, 64}, {256, 128},
                          {128, 256}, {512, 64}, {64, 512}, {64, 64}};
 
@@ -135,7 +135,7 @@ TEST(Normalize, ZeroIterationsGivesUnitScales) {
 }
 
 TEST(Normalize, ReconstructionIdentityHolds) {
-  // B * s_r * s_c == M up to fp32 rounding (ALGORITHM.md section 10).
+  // B * s_r * s_c == M up to fp32 rounding (docs/FORMAT.md section 10).
   KVT_SEEDED_RNG(rng, 0);
   for (const Shape& s : kShapes) {
     for (int T : {1, 8, 16}) {
@@ -157,7 +157,7 @@ TEST(Normalize, ReconstructionIdentityHolds) {
 }
 
 TEST(Normalize, ScalesStayInsideTheClamps) {
-  // log scales are clamped to [-0.3, 10] (ALGORITHM.md section 4), also for tiny and huge tiles.
+  // log scales are clamped to [-0.3, 10] (docs/FORMAT.md section 4), also for tiny and huge tiles.
   KVT_SEEDED_RNG(rng, 0);
   for (double mag : {1e-6, 1e-2, 1.0, 1e2, 3e4}) {
     auto M = MakeTile(rng, 128, 128);

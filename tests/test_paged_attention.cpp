@@ -1,7 +1,7 @@
 // Layer 2 through the public API: paged caches built with kvarn_paged_append + kvarn_paged_flush
 // (shuffled page and record ids, sink tiles 0/1/2), then decode and extend attention checked
-// against float64 attention over the same dequantized cache (ALGORITHM.md sections 8-9,
-// TARGETS.md: relative L2 <= 1e-3 on CPU).
+// against float64 attention over the same dequantized cache (docs/FORMAT.md sections 8-9,
+// section 10: relative L2 <= 1e-3 on CPU).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,7 +23,7 @@ using kvt::PagedCache;
 using kvt::PagedCacheSpec;
 using kvt::Queries;
 
-constexpr double kTolF32 = 1e-3;  // TARGETS.md, CPU
+constexpr double kTolF32 = 1e-3;  // docs/FORMAT.md section 10, CPU
 // lse: |lse - ref| <= 1e-4 * (1 + |ref|). An lse error of x is a relative error of about x in
 // every output weight, so 1e-4 keeps well inside the 1e-3 output target; the scale term allows
 // for fp32 rounding of large scores.

@@ -1,6 +1,6 @@
 // Layer 2 writes: kvarn_paged_append puts rotated fp16 tokens into pages, kvarn_paged_flush turns
 // complete pages into records identical to kvarn_quantize of the same tile; failures leave pages
-// and records exactly as they were (ALGORITHM.md sections 3, 6 and 8; kvarn.h layer 2).
+// and records exactly as they were (docs/FORMAT.md sections 3, 6 and 8; kvarn.h layer 2).
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -242,12 +242,12 @@ TEST(SizeArithmetic, PagedAttentionQuerySizeDoesNotWrap) {
 
 TEST(SizeArithmetic, SeqLenInt32MaxDoesNotOverflow) {
   // seq_lens[0] = INT32_MAX: the tile count (N + G - 1) / G must not overflow in int. The
-  // second sequence fails the call (more queries than tokens) before any attention runs.
+  // second sequence fails the call (a negative length) before any attention runs.
   kvt::ContextPtr ctx = CpuContext();
   kvarn_config_t cfg;
   ASSERT_EQ(kvarn_config_from_preset("k4v2_g128", 64, &cfg), KVARN_OK);
   const int32_t blocks = static_cast<int32_t>((int64_t{INT32_MAX} + 127) / 128);
-  FakePaged p(1, blocks, {INT32_MAX, 0});  // row 1 is never read: its length is 0
+  FakePaged p(1, blocks, {INT32_MAX, -1});  // row 1 is never read: its length is refused
   kvarn_attention_params_t ap;
   kvarn_attention_params_defaults(&ap);
   ap.num_q_heads = 1;

@@ -141,8 +141,13 @@ Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* r
 }
 
 Status CheckPagedTables(const Config& cfg, const PagedKV& kv) {
+  for (int b = 0; b < kv.batch; ++b) KVARN_RETURN_IF_ERROR(CheckSequenceTables(cfg, kv, b));
+  return Status::Ok();
+}
+
+Status CheckSequenceTables(const Config& cfg, const PagedKV& kv, int b) {
   const int G = cfg.G;
-  for (int b = 0; b < kv.batch; ++b) {
+  {
     const int64_t n = kv.seq_lens[b];
     const int64_t rt = kv.record_tiles[b];
     const std::string who = "sequence " + std::to_string(b) + ": ";

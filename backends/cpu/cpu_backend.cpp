@@ -78,6 +78,10 @@ const BackendOps kCpuBackend = {
     PagedFlush,
     AttentionWorkspace,
     PagedAttention,
+    AttentionPlanFor,
+    PagedAppendRun,
+    PagedFlushRun,
+    PagedAttentionRun,
 };
 
 }  // namespace cpu

@@ -26,6 +26,31 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
 // Checks the block table of a paged cache against the pools (host memory): every tile of every
 // sequence names an in-range page or record block, and the token counts fit the table.
 Status CheckPagedTables(const Config& cfg, const PagedKV& kv);
+// The same for sequence b alone.
+Status CheckSequenceTables(const Config& cfg, const PagedKV& kv, int b);
+
+// Attention over a batch (paged_attention.cpp). seq_status NULL: any bad sequence fails the call
+// before anything is written. Otherwise a sequence whose entry is non-zero is skipped, and a bad
+// one gets its entry set and is skipped. max_q_per_seq > 0 bounds the query tokens per sequence,
+// max_total_q >= 0 the query rows.
+// A sequence with no cached tokens gets zero output rows and lse -inf.
+Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
+                   int max_q_per_seq, int64_t max_total_q, int32_t* seq_status, const void* q,
+                   void* out, float* lse);
+
+// Capturable layer 2 (paged_run.cpp).
+Status AttentionPlanFor(Context* ctx, const Config& cfg, const AttentionShape& shape,
+                        const AttentionArgs& args, AttentionPlan* plan);
+Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+                      const int32_t* token_indptr, const int32_t* slot_mapping, size_t max_tokens,
+                      kvarn_dtype_t dtype, const void* k, const void* v);
+Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+                     size_t max_tiles, const int32_t* n_tiles, const int32_t* src_pages,
+                     const int32_t* dst_blocks, const int32_t* tile_seqs);
+Status PagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                         const AttentionShape& shape, const AttentionArgs& args,
+                         const AttentionPlan& plan, const LaunchArgs& launch,
+                         const int32_t* q_indptr, const void* q, void* out, float* lse);
 
 // Rotates (when `rotate`) and rounds one row of D floats to fp16, as the cache stores it. Returns
 // false if a value is not finite or does not fit fp16.

@@ -1,4 +1,4 @@
-// The orthonormal Sylvester Hadamard rotation (ALGORITHM.md section 3).
+// The orthonormal Sylvester Hadamard rotation (docs/FORMAT.md section 3).
 #pragma once
 
 namespace kvarn {

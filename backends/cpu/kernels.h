@@ -24,7 +24,7 @@ struct AttnQuery {
 
 // A record of the tile being visited, decoded to fp32 scales (codes stay packed).
 struct RecordView {
-  const uint8_t* k_codes;  // D rows x G codes of key_bits, packed (ALGORITHM.md section 7)
+  const uint8_t* k_codes;  // D rows x G codes of key_bits, packed (docs/FORMAT.md section 7)
   const uint8_t* v_codes;  // G rows x D codes of value_bits, packed
   const float* ka;         // [D]
   const float* kz;         // [D]
@@ -37,7 +37,7 @@ struct RecordView {
 struct Kernels {
   kvarn_cpu_isa_t isa;
 
-  // ---- normalization (ALGORITHM.md section 4; fixed numerics of docs/FORMAT.md) ----
+  // ---- normalization (docs/FORMAT.md section 4; fixed numerics of docs/FORMAT.md) ----
   // Unbiased deviations of the columns [C] and rows [R] of X (R x C, row-major).
   void (*stats)(const float* X, int R, int C, float* col_std, float* row_std);
   // Y = M / ec (per column); row_std = row deviations of Y / er (per row).

@@ -9,7 +9,7 @@ namespace kvarn {
 namespace cpu {
 namespace {
 
-// Constants of ALGORITHM.md section 4.
+// Constants of docs/FORMAT.md section 4.
 constexpr float kStdMin = 1e-3f, kStdMax = 1e3f;
 constexpr float kLogMin = -0.3f, kLogMax = 10.0f;
 constexpr float kImbalanceFloor = 1e-8f;

@@ -1,4 +1,4 @@
-// Variance normalization of one tile (ALGORITHM.md section 4): Sinkhorn-like passes in log space
+// Variance normalization of one tile (docs/FORMAT.md section 4): Sinkhorn-like passes in log space
 // that equalize the standard deviations of the rows and columns, keeping the best iterate.
 #pragma once
 

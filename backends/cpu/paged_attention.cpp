@@ -1,4 +1,4 @@
-// Decode and extend attention over records + fp16 pages on the CPU (ALGORITHM.md section 9).
+// Decode and extend attention over records + fp16 pages on the CPU (docs/FORMAT.md section 9).
 // The scales are folded into the inner products so the loops run on the integer codes; the
 // softmax is an fp32 online softmax per (query token, query head). Work items are
 // (sequence, KV head, split); splits are merged by log-sum-exp in a fixed order, and the split
@@ -130,35 +130,71 @@ Status AttentionWorkspace(Context*, const Config&, const PagedKV&, const Attenti
 
 Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
                       const void* q, void* out, float* lse, void*, size_t) {
+  return AttendBatch(ctx, cfg, kv, args, 0, -1, nullptr, q, out, lse);
+}
+
+Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
+                   int max_q_per_seq, int64_t max_total_q, int32_t* seq_status, const void* q,
+                   void* out, float* lse) {
   const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads, Hq = args.num_q_heads;
   const int group = Hq / Hk;
   const Kernels& K = KernelsFor(ctx->isa);
-  KVARN_RETURN_IF_ERROR(CheckPagedTables(cfg, kv));
   // Query token ranges per sequence.
   std::vector<int64_t> q_begin(kv.batch + 1);
   for (int b = 0; b <= kv.batch; ++b) q_begin[b] = args.q_indptr ? args.q_indptr[b] : b;
-  if (q_begin[0] != 0) return InvalidArgument("q_indptr[0] must be 0");
+  if (seq_status == nullptr && q_begin[0] != 0) return InvalidArgument("q_indptr[0] must be 0");
+  // Which sequences take part: a bad one fails the call (no status array) or only itself.
+  std::vector<char> skip(kv.batch, 0);
   int max_tiles = 0;
   for (int b = 0; b < kv.batch; ++b) {
+    if (seq_status != nullptr && seq_status[b] != 0) {
+      skip[b] = 1;
+      continue;
+    }
     const int64_t nq = q_begin[b + 1] - q_begin[b];
-    if (nq < 0) return InvalidArgument("q_indptr must not decrease");
-    if (nq > kv.seq_lens[b]) {
-      return InvalidArgument("sequence " + std::to_string(b) + " has " + std::to_string(nq) +
-                             " query tokens but only " + std::to_string(kv.seq_lens[b]) +
-                             " cached tokens (the queries' own keys must be appended first)");
+    Status st = CheckSequenceTables(cfg, kv, b);
+    if (st.ok() && (nq < 0 || q_begin[b] < 0)) {
+      st = InvalidArgument("q_indptr must not decrease");
+    }
+    if (st.ok() && max_total_q >= 0 && q_begin[b + 1] > max_total_q) {
+      st = InvalidArgument("sequence " + std::to_string(b) + ": q_indptr " +
+                           std::to_string(q_begin[b + 1]) + " exceeds the plan's max_total_q " +
+                           std::to_string(max_total_q));
+    }
+    if (st.ok() && max_q_per_seq > 0 && nq > max_q_per_seq) {
+      st = InvalidArgument("sequence " + std::to_string(b) + " has " + std::to_string(nq) +
+                           " query tokens, more than the plan's max_q_per_seq " +
+                           std::to_string(max_q_per_seq));
+    }
+    if (st.ok() && nq > kv.seq_lens[b] && kv.seq_lens[b] > 0) {
+      st = InvalidArgument("sequence " + std::to_string(b) + " has " + std::to_string(nq) +
+                           " query tokens but only " + std::to_string(kv.seq_lens[b]) +
+                           " cached tokens (the queries' own keys must be appended first)");
+    }
+    if (!st.ok()) {
+      if (seq_status == nullptr) return st;
+      seq_status[b] = st.code();
+      skip[b] = 1;
+      continue;
     }
     // In 64 bits: seq_lens[b] may be INT32_MAX.
     max_tiles =
         static_cast<int>(std::max<int64_t>(max_tiles, (int64_t{kv.seq_lens[b]} + G - 1) / G));
   }
-  const size_t total_q = static_cast<size_t>(q_begin[kv.batch]);
   const int splits = NumSplits(args, max_tiles);
 
-  // Rotated queries in fp32: q' = q H when K is rotated.
+  // Rotated queries in fp32 (q' = q H when K is rotated), for the sequences that take part.
+  size_t total_q = 0;
+  for (int b = 0; b < kv.batch; ++b) {
+    if (!skip[b]) total_q = std::max(total_q, static_cast<size_t>(q_begin[b + 1]));
+  }
   std::vector<float> qr(total_q * Hq * D);
-  for (size_t r = 0; r < total_q * Hq; ++r) {
-    LoadRow(args.q_dtype, q, r * D, D, qr.data() + r * D);
-    if (cfg.k_rotate) K.hadamard(qr.data() + r * D, D);
+  for (int b = 0; b < kv.batch; ++b) {
+    if (skip[b]) continue;
+    for (size_t r = q_begin[b] * Hq; r < static_cast<size_t>(q_begin[b + 1]) * Hq; ++r) {
+      LoadRow(args.q_dtype, q, r * D, D, qr.data() + r * D);
+      if (cfg.k_rotate) K.hadamard(qr.data() + r * D, D);
+    }
   }
 
   // Partial results per (sequence, KV head, split): for each of its queries m, l, acc[D].
@@ -173,6 +209,7 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
     const int b = static_cast<int>(item / (Hk * splits));
     const int h = static_cast<int>((item / splits) % Hk);
     const int split = static_cast<int>(item % splits);
+    if (skip[b]) return;
     const int64_t N = kv.seq_lens[b];
     const int64_t nq = q_begin[b + 1] - q_begin[b];
     const int tiles = static_cast<int>((N + G - 1) / G);
@@ -216,6 +253,7 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   // Merge the splits by log-sum-exp, normalize, un-rotate, store.
   ctx->pool->ParallelFor(static_cast<size_t>(kv.batch) * Hk, [&](size_t bh) {
     const int b = static_cast<int>(bh / Hk), h = static_cast<int>(bh % Hk);
+    if (skip[b]) return;
     const int64_t nq = q_begin[b + 1] - q_begin[b];
     std::vector<float> o(D);
     for (int64_t i = 0; i < nq; ++i) {
@@ -232,7 +270,8 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
           L += P.l[s] * w;
           for (int d = 0; d < D; ++d) o[d] += P.acc[s * D + d] * w;
         }
-        for (int d = 0; d < D; ++d) o[d] /= L;
+        // L == 0: a padding slot (no cached tokens) gets zeros and lse -inf.
+        for (int d = 0; d < D; ++d) o[d] = L > 0.f ? o[d] / L : 0.f;
         if (cfg.v_rotate) K.hadamard(o.data(), D);  // o = o' H
         const size_t qrow = (q_begin[b] + i) * Hq + h * group + g;
         StoreRow(args.out_dtype, out, qrow * D, D, o.data());

@@ -1,4 +1,4 @@
-// One tile <-> one record, in the cache frame (ALGORITHM.md sections 4-7). The scalar reference
+// One tile <-> one record, in the cache frame (docs/FORMAT.md sections 4-7). The scalar reference
 // every other backend is compared with.
 #pragma once
 

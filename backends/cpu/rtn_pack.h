@@ -1,4 +1,4 @@
-// Round-to-nearest per row (ALGORITHM.md section 5) and bit packing (section 7).
+// Round-to-nearest per row (docs/FORMAT.md section 5) and bit packing (section 7).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@ namespace cpu {
 void RoundToNearestRows(const float* B, int R, int C, int bits, uint8_t* codes, float* lo,
                         float* step);
 
-// B = (M / s_c) / s_r (column scale first, ALGORITHM.md section 4), then RoundToNearestRows:
+// B = (M / s_c) / s_r (column scale first, docs/FORMAT.md section 4), then RoundToNearestRows:
 // the scalar reference of the Kernels entry balance_rtn.
 void ScalarBalanceRtn(const float* M, int R, int C, const float* s_c, const float* s_r, int bits,
                       float* B, uint8_t* codes, float* lo, float* step);

@@ -414,7 +414,7 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
     const int id = table[tile];
     const bool ok = id >= 0 && id < (is_record ? P.num_record_blocks : P.num_pages);
     if (!ok) {
-      if (tid == 0) ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
+      if (tid == 0) ReportAttentionError(P, b, kErrBlockTable, tile);
     } else if (is_record) {
       UnpackRecord<G>(P, S.stage, S);
     } else {

@@ -1,4 +1,4 @@
-// Decode and extend attention over records + fp16 pages on CUDA (ALGORITHM.md section 9).
+// Decode and extend attention over records + fp16 pages on CUDA (docs/FORMAT.md section 9).
 //
 // Work item = (sequence b, KV head h, split s, row chunk c). The rows of a sequence are its
 // (query token i, query head g of the KV head) pairs, kRows per chunk, so every record is read
@@ -62,7 +62,19 @@ struct AttnParams {
   float* part_ml;   // [rows_total][splits][2] (m, l) when splits > 1
   float* part_acc;  // [rows_total][splits][D]
   DeviceErrorWords* errors;
+  // kvarn_paged_attention_run: per-sequence faults, and the plan's bounds on the device-resident
+  // q_indptr (0 / -1: no bound, the host checked q_indptr).
+  int32_t* seq_status;
+  int32_t max_q_per_seq;
+  int32_t max_total_q;
+  int32_t batch;
 };
+
+// A bad table entry or length of sequence b: its status entry, or the context's sticky words.
+__device__ __forceinline__ void ReportAttentionError(const AttnParams& P, int b,
+                                                     DeviceErrorKind what, int32_t detail) {
+  ReportSequenceError(P.seq_status, P.errors, b, KVARN_ERR_INVALID_ARGUMENT, what, b, detail);
+}
 
 __device__ __forceinline__ float LoadElem(const void* p, size_t i, kvarn_dtype_t dt) {
   if (dt == KVARN_DTYPE_F32) return static_cast<const float*>(p)[i];
@@ -198,22 +210,31 @@ __device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, int chu
   w->b = blockIdx.z / P.chunks_per_seq;
   w->chunk = blockIdx.z % P.chunks_per_seq;
   const int b = w->b;
+  // A sequence that faulted (in this call or an earlier one of the step) is skipped.
+  if (P.seq_status != nullptr && P.seq_status[b] != 0) return false;
   w->N = P.seq_lens[b];
   w->rt = P.record_tiles[b];
   w->q0 = P.q_indptr ? P.q_indptr[b] : b;
   w->nq = P.q_indptr ? P.q_indptr[b + 1] - w->q0 : 1;
-  const int rows_b = w->nq * P.group;
-  w->row0 = w->chunk * chunk_rows;
-  if (w->row0 >= rows_b) return false;  // this sequence has fewer query rows
-  w->tiles = w->N / G + (w->N % G != 0);  // no N + G - 1: N may be near INT32_MAX
   const bool reporter = threadIdx.x == 0 && w->split == 0 && w->h == 0 && w->chunk == 0;
-  if (w->N < 0 || w->tiles > P.max_blocks || w->rt < 0 ||
-      (w->rt > 0 && P.sink_tiles + w->rt > w->N / G)) {
-    if (reporter) ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrSeqLen, b, w->N);
+  // A device-resident q_indptr is checked against the plan's bounds (rows of q/out, chunks).
+  if (P.max_q_per_seq > 0 &&
+      (w->q0 < 0 || w->nq < 0 || w->nq > P.max_q_per_seq || w->q0 > P.max_total_q - w->nq)) {
+    if (reporter) ReportAttentionError(P, b, kErrQueryLen, w->nq);
     return false;
   }
-  if (w->nq > w->N) {
-    if (reporter) ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrQueryLen, b, w->nq);
+  const int rows_b = w->nq * P.group;
+  w->row0 = w->chunk * chunk_rows;
+  if (w->row0 >= rows_b) return false;    // this sequence has fewer query rows
+  w->tiles = w->N / G + (w->N % G != 0);  // no N + G - 1: N may be near INT32_MAX
+  if (w->N < 0 || w->tiles > P.max_blocks || w->rt < 0 ||
+      (w->rt > 0 && P.sink_tiles + w->rt > w->N / G)) {
+    if (reporter) ReportAttentionError(P, b, kErrSeqLen, w->N);
+    return false;
+  }
+  // N == 0 is a padding slot: no keys, so its rows get zeros and lse -inf.
+  if (w->nq > w->N && w->N > 0) {
+    if (reporter) ReportAttentionError(P, b, kErrQueryLen, w->nq);
     return false;
   }
   w->nrows = min(chunk_rows, rows_b - w->row0);
@@ -277,8 +298,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
     const bool is_record = tile >= P.sink_tiles && tile < P.sink_tiles + rt;
     const int id = table[tile];
     if (id < 0 || id >= (is_record ? P.num_record_blocks : P.num_pages)) {
-      if (tid == 0)
-        ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
+      if (tid == 0) ReportAttentionError(P, b, kErrBlockTable, tile);
       continue;
     }
     const int key0 = tile * G;
@@ -501,6 +521,8 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(AttnParams P, int rows_t
   __shared__ float scratch[kThreads / kWarpSize];
   const int row = blockIdx.x;
   if (row >= rows_total) return;
+  // Under an extend plan the rows past this step's queries are not written.
+  if (P.max_q_per_seq > 0 && row >= static_cast<int64_t>(P.q_indptr[P.batch]) * P.Hq) return;
   const int D = P.D, splits = P.splits, s = threadIdx.x;
   const float* ml = P.part_ml + static_cast<size_t>(row) * splits * 2;
   const float m = s < splits ? ml[2 * s] : -INFINITY;
@@ -527,16 +549,7 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(AttnParams P, int rows_t
   }
 }
 
-struct Plan {
-  int splits = 1;
-  int tiles_per_split = 1;
-  int chunks_per_seq = 1;  // row chunks of the kernel the plan is for
-  bool extend = false;     // for the tensor-core extend kernel (else the decode kernels)
-  int decode_chunks_per_seq = 1;  // kRows chunks, for the fallback of a misaligned pool
-  size_t rows_total = 0;
-  size_t ml_bytes = 0, acc_bytes = 0, indptr_bytes = 0;
-  size_t workspace = 0;
-};
+using Plan = AttentionPlan;  // core/backend.h: what a plan decides, kept by the C API's plan
 
 size_t Align256(size_t x) { return (x + 255) / 256 * 256; }
 
@@ -545,8 +558,8 @@ size_t Align256(size_t x) { return (x + 255) / 256 * 256; }
 // Under HIP the tensor-core kernel is not built (inline PTX), so no shape takes it.
 bool MmaShape(const CudaState* st, const Config& cfg) {
 #if KVARN_GPU_HAS_MMA
-  return st->cc_major >= 8 && cfg.D == 128 && (cfg.G == 64 || cfg.G == 128) &&
-         cfg.key_bits == 4 && cfg.value_bits == 2;
+  return st->cc_major >= 8 && cfg.D == 128 && (cfg.G == 64 || cfg.G == 128) && cfg.key_bits == 4 &&
+         cfg.value_bits == 2;
 #else
   (void)st;
   (void)cfg;
@@ -602,8 +615,10 @@ int WholeWaveSplits(int64_t resident, int per_iteration, int64_t items, int max_
 int ChooseSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles) {
   if (!MmaShape(st, cfg)) {
     const int cap = std::min(64, max_tiles);
-    const int64_t want = (2 * static_cast<int64_t>(st->sm_count) + items - 1) / std::max<int64_t>(items, 1);
-    return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, (max_tiles + 3) / 4, cap})));
+    const int64_t want =
+        (2 * static_cast<int64_t>(st->sm_count) + items - 1) / std::max<int64_t>(items, 1);
+    return static_cast<int>(
+        std::max<int64_t>(1, std::min<int64_t>({want, (max_tiles + 3) / 4, cap})));
   }
   return WholeWaveSplits(static_cast<int64_t>(MmaCtasPerSm(st, cfg.G)) * st->sm_count,
                          MmaRecordsPerIteration(cfg.G), items, max_tiles);
@@ -611,31 +626,23 @@ int ChooseSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles)
 
 // Splits for the extend kernel: compute bound, one tile per CTA iteration.
 int ChooseExtendSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles) {
-  return WholeWaveSplits(static_cast<int64_t>(ExtendCtasPerSm(st, cfg.G)) * st->sm_count, 1,
-                         items, max_tiles);
+  return WholeWaveSplits(static_cast<int64_t>(ExtendCtasPerSm(st, cfg.G)) * st->sm_count, 1, items,
+                         max_tiles);
 }
 
-Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
-                size_t total_q, Plan* plan) {
-  const int group = args.num_q_heads / kv.num_kv_heads;
-  int max_q = 1;
-  if (args.q_indptr) {
-    if (args.q_indptr[0] != 0) return InvalidArgument("q_indptr[0] must be 0");
-    max_q = 0;
-    for (int b = 0; b < kv.batch; ++b) {
-      const int nq = args.q_indptr[b + 1] - args.q_indptr[b];
-      if (nq < 0) return InvalidArgument("q_indptr must not decrease");
-      max_q = std::max(max_q, nq);
-    }
-  }
+// The plan of a shape: max_q query tokens in the longest sequence (1 for decode), total_q in
+// all, extend = queries come with a q_indptr.
+Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int max_blocks,
+             const AttentionArgs& args, bool extend, int max_q, size_t total_q) {
+  const int group = args.num_q_heads / num_kv_heads;
   Plan p;
   const int max_rows = max_q * group;
   p.decode_chunks_per_seq = std::max(1, (max_rows + kRows - 1) / kRows);
-  p.extend = args.q_indptr != nullptr && ExtendShape(State(ctx), cfg, max_rows);
-  p.chunks_per_seq = p.extend ? (max_rows + kExtendCtaRows - 1) / kExtendCtaRows
-                              : p.decode_chunks_per_seq;
-  const int max_tiles = std::max(1, kv.max_blocks_per_seq);
-  const int64_t items = static_cast<int64_t>(kv.batch) * kv.num_kv_heads * p.chunks_per_seq;
+  p.extend = extend && ExtendShape(State(ctx), cfg, max_rows);
+  p.chunks_per_seq =
+      p.extend ? (max_rows + kExtendCtaRows - 1) / kExtendCtaRows : p.decode_chunks_per_seq;
+  const int max_tiles = std::max(1, max_blocks);
+  const int64_t items = static_cast<int64_t>(batch) * num_kv_heads * p.chunks_per_seq;
   int splits = std::min({args.num_splits, max_tiles, 64});
   if (args.num_splits <= 0) {
     splits = p.extend ? ChooseExtendSplits(State(ctx), cfg, items, max_tiles)
@@ -648,8 +655,28 @@ Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const Attent
     p.ml_bytes = Align256(p.rows_total * p.splits * 2 * sizeof(float));
     p.acc_bytes = Align256(p.rows_total * p.splits * cfg.D * sizeof(float));
   }
+  p.workspace = p.ml_bytes + p.acc_bytes;
+  return p;
+}
+
+// The plan of one kvarn_paged_attention call, whose q_indptr is host memory (copied into the
+// workspace for the kernels).
+Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
+                size_t total_q, Plan* plan) {
+  int max_q = 1;
+  if (args.q_indptr) {
+    if (args.q_indptr[0] != 0) return InvalidArgument("q_indptr[0] must be 0");
+    max_q = 0;
+    for (int b = 0; b < kv.batch; ++b) {
+      const int nq = args.q_indptr[b + 1] - args.q_indptr[b];
+      if (nq < 0) return InvalidArgument("q_indptr must not decrease");
+      max_q = std::max(max_q, nq);
+    }
+  }
+  Plan p = PlanFor(ctx, cfg, kv.batch, kv.num_kv_heads, kv.max_blocks_per_seq, args,
+                   args.q_indptr != nullptr, max_q, total_q);
   if (args.q_indptr) p.indptr_bytes = Align256((kv.batch + 1) * sizeof(int32_t));
-  p.workspace = p.ml_bytes + p.acc_bytes + p.indptr_bytes;
+  p.workspace += p.indptr_bytes;
   *plan = p;
   return Status::Ok();
 }
@@ -665,8 +692,8 @@ int Log2(int x) {
 }  // namespace kvarn
 
 #if KVARN_GPU_HAS_MMA
-#include "backends/gpu/attention_mma.cuh"
 #include "backends/gpu/attention_extend.cuh"
+#include "backends/gpu/attention_mma.cuh"
 #endif
 
 namespace kvarn {
@@ -810,21 +837,13 @@ Status AttentionWorkspace(Context* ctx, const Config& cfg, const PagedKV& kv,
 
 Status LaunchGeneric(CudaState* st, const Config& cfg, const AttnParams& P, dim3 grid);
 
-Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
-                      const void* q, void* out, float* lse, void* workspace,
-                      size_t workspace_bytes) {
-  CudaState* st = State(ctx);
-  const size_t total_q =
-      args.q_indptr ? static_cast<size_t>(args.q_indptr[kv.batch]) : static_cast<size_t>(kv.batch);
-  Plan plan;
-  KVARN_RETURN_IF_ERROR(MakePlan(ctx, cfg, kv, args, total_q, &plan));
-  if (workspace_bytes < plan.workspace || (plan.workspace > 0 && workspace == nullptr)) {
-    return {KVARN_ERR_BUFFER_TOO_SMALL,
-            "workspace of " + std::to_string(workspace_bytes) + " bytes; this shape needs " +
-                std::to_string(plan.workspace) + " (kvarn_paged_attention_workspace_size)"};
-  }
-  if (kv.batch == 0 || total_q == 0) return Status::Ok();
-  uint8_t* ws = static_cast<uint8_t*>(workspace);
+namespace {
+
+// The kernels' parameters of one call under `plan`; the workspace is carved for the splits'
+// partial results.
+AttnParams MakeParams(CudaState* st, const Config& cfg, const PagedKV& kv,
+                      const AttentionArgs& args, const Plan& plan, const void* q, void* out,
+                      float* lse, uint8_t* ws) {
   AttnParams P{};
   P.records = kv.records;
   P.record_stride = kv.record_stride;
@@ -865,18 +884,19 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   P.splits = plan.splits;
   P.tiles_per_split = plan.tiles_per_split;
   P.errors = st->errors;
+  P.batch = kv.batch;
+  P.max_total_q = -1;
   if (plan.splits > 1) {
     P.part_ml = reinterpret_cast<float*>(ws);
     P.part_acc = reinterpret_cast<float*>(ws + plan.ml_bytes);
   }
-  if (args.q_indptr) {
-    int32_t* d_indptr = reinterpret_cast<int32_t*>(ws + plan.ml_bytes + plan.acc_bytes);
-    KVARN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_indptr, args.q_indptr,
-                                               (kv.batch + 1) * sizeof(int32_t),
-                                               cudaMemcpyHostToDevice, st->stream));
-    P.q_indptr = d_indptr;
-  }
-  // Every work item of a valid row writes its split's partial, an empty split as m = -inf.
+  return P;
+}
+
+// Launches the attention kernel the plan and the pool's alignment choose, then the merge.
+// Every work item of a valid row writes its split's partial, an empty split as m = -inf.
+Status LaunchAttention(CudaState* st, const Config& cfg, const PagedKV& kv, const Plan& plan,
+                       AttnParams& P) {
   const bool mma = UseMmaKernel(st, cfg, kv);
   P.chunks_per_seq = plan.extend && mma ? plan.chunks_per_seq : plan.decode_chunks_per_seq;
   const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * P.chunks_per_seq);
@@ -888,29 +908,79 @@ Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   } else {
     KVARN_RETURN_IF_ERROR(LaunchGeneric(st, cfg, P, grid));
   }
-  if (plan.splits > 1) {
+  if (plan.splits == 1) return Status::Ok();
 #if KVARN_GPU_HIP
-    // No programmatic dependent launch: stream order makes the merge wait for the partials
-    // (WaitForPrimaryGrid compiles to nothing off sm_90).
-    MergeKernel<<<static_cast<unsigned>(plan.rows_total), kThreads, cfg.D * sizeof(float),
-                  st->stream>>>(P, static_cast<int>(plan.rows_total));
-    KVARN_RETURN_IF_ERROR(CheckLaunch("MergeKernel"));
+  // No programmatic dependent launch: stream order makes the merge wait for the partials
+  // (WaitForPrimaryGrid compiles to nothing off sm_90).
+  MergeKernel<<<static_cast<unsigned>(plan.rows_total), kThreads, cfg.D * sizeof(float),
+                st->stream>>>(P, static_cast<int>(plan.rows_total));
+  return CheckLaunch("MergeKernel");
 #else
-    cudaLaunchConfig_t lc{};
-    lc.gridDim = dim3(static_cast<unsigned>(plan.rows_total));
-    lc.blockDim = dim3(kThreads);
-    lc.dynamicSmemBytes = cfg.D * sizeof(float);
-    lc.stream = st->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    lc.attrs = attr;
-    lc.numAttrs = st->cc_major >= 9 ? 1 : 0;
-    KVARN_CUDA_RETURN_IF_ERROR(
-        cudaLaunchKernelEx(&lc, MergeKernel, P, static_cast<int>(plan.rows_total)));
+  cudaLaunchConfig_t lc{};
+  lc.gridDim = dim3(static_cast<unsigned>(plan.rows_total));
+  lc.blockDim = dim3(kThreads);
+  lc.dynamicSmemBytes = cfg.D * sizeof(float);
+  lc.stream = st->stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  lc.attrs = attr;
+  lc.numAttrs = st->cc_major >= 9 ? 1 : 0;
+  return CudaError(cudaLaunchKernelEx(&lc, MergeKernel, P, static_cast<int>(plan.rows_total)),
+                   "cudaLaunchKernelEx(MergeKernel)");
 #endif
+}
+
+}  // namespace
+
+Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
+                      const void* q, void* out, float* lse, void* workspace,
+                      size_t workspace_bytes) {
+  CudaState* st = State(ctx);
+  const size_t total_q =
+      args.q_indptr ? static_cast<size_t>(args.q_indptr[kv.batch]) : static_cast<size_t>(kv.batch);
+  Plan plan;
+  KVARN_RETURN_IF_ERROR(MakePlan(ctx, cfg, kv, args, total_q, &plan));
+  if (workspace_bytes < plan.workspace || (plan.workspace > 0 && workspace == nullptr)) {
+    return {KVARN_ERR_BUFFER_TOO_SMALL,
+            "workspace of " + std::to_string(workspace_bytes) + " bytes; this shape needs " +
+                std::to_string(plan.workspace) + " (kvarn_paged_attention_workspace_size)"};
   }
+  if (kv.batch == 0 || total_q == 0) return Status::Ok();
+  uint8_t* ws = static_cast<uint8_t*>(workspace);
+  AttnParams P = MakeParams(st, cfg, kv, args, plan, q, out, lse, ws);
+  if (args.q_indptr) {
+    int32_t* d_indptr = reinterpret_cast<int32_t*>(ws + plan.ml_bytes + plan.acc_bytes);
+    KVARN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(d_indptr, args.q_indptr,
+                                               (kv.batch + 1) * sizeof(int32_t),
+                                               cudaMemcpyHostToDevice, st->stream));
+    P.q_indptr = d_indptr;
+  }
+  return LaunchAttention(st, cfg, kv, plan, P);
+}
+
+Status AttentionPlanFor(Context* ctx, const Config& cfg, const AttentionShape& shape,
+                        const AttentionArgs& args, AttentionPlan* plan) {
+  const bool extend = !shape.decode();
+  *plan = PlanFor(ctx, cfg, shape.batch, shape.num_kv_heads, shape.max_blocks_per_seq, args, extend,
+                  extend ? shape.max_q_per_seq : 1, static_cast<size_t>(shape.max_total_q));
   return Status::Ok();
+}
+
+Status PagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                         const AttentionShape& shape, const AttentionArgs& args,
+                         const AttentionPlan& plan, const LaunchArgs& launch,
+                         const int32_t* q_indptr, const void* q, void* out, float* lse) {
+  CudaState* st = State(ctx);
+  AttnParams P =
+      MakeParams(st, cfg, kv, args, plan, q, out, lse, static_cast<uint8_t*>(launch.workspace));
+  P.seq_status = launch.seq_status;
+  if (!shape.decode()) {
+    P.q_indptr = q_indptr;
+    P.max_q_per_seq = shape.max_q_per_seq;
+    P.max_total_q = static_cast<int32_t>(shape.max_total_q);
+  }
+  return LaunchAttention(st, cfg, kv, plan, P);
 }
 
 Status LaunchGeneric(CudaState* st, const Config& cfg, const AttnParams& P, dim3 grid) {

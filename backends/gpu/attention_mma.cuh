@@ -695,7 +695,7 @@ __global__ void __launch_bounds__(kWarps * 32, Ring<G>::kMinCtasPerSm)
     if (n++ % kWarps != warp) continue;
     const int id = table[tile];
     if (id < 0 || id >= P.num_pages) {
-      if (reporter) ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
+      if (reporter) ReportAttentionError(P, b, kErrBlockTable, tile);
       continue;
     }
     const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * kD;
@@ -717,7 +717,7 @@ __global__ void __launch_bounds__(kWarps * 32, Ring<G>::kMinCtasPerSm)
     if (id >= 0 && id < P.num_record_blocks) {
       RecordTile<G>(P, S.u.ring[stage], S.qf, tile * G, lim0, lim1, lim_min, pbuf, W);
     } else if (reporter) {
-      ReportDeviceError(P.errors, KVARN_ERR_INVALID_ARGUMENT, kErrBlockTable, b, tile);
+      ReportAttentionError(P, b, kErrBlockTable, tile);
     }
     __syncwarp();
     if (lane == 0) BarrierArrive(&S.empty[stage]);

@@ -128,6 +128,19 @@ __global__ void __launch_bounds__(256)
 
 // ---- quantize / flush: one CTA per tile matrix ------------------------------------------------
 
+// The device-resident list of kvarn_paged_flush_run: entries [0, *count) of src_pages /
+// dst_blocks, checked by the kernels (count, pools, sequences) instead of the host.
+struct FlushList {
+  const int32_t* count;  // NULL: no list (the host-list flush, quantize)
+  int32_t max_tiles;
+  const int32_t* dst_blocks;
+  const int32_t* tile_seqs;  // with seq_status
+  int32_t* seq_status;       // [batch] or NULL (then faults fail the call)
+  int32_t batch;
+  int32_t num_pages;
+  int32_t num_blocks;
+};
+
 struct TileJob {
   // Sources: fp16 tiles [.][G][D] (K at src[0], V at src[1]); tile index of item i is
   // src_pages[i / hk] * hk + i % hk (flush: pages are [Hk][G][D]) or i (src_pages NULL).
@@ -142,7 +155,32 @@ struct TileJob {
   size_t rb;
   RecordOffsets ro;
   DeviceErrorWords* errors;
+  FlushList list;  // kvarn_paged_flush_run: the device list (list.count NULL otherwise)
 };
+
+// Whether a flush-list entry is to be flushed; reports what is wrong with it. *seq: the entry's
+// sequence (0 without a status array). Call with every thread of the CTA (uniform result).
+__device__ __forceinline__ bool FlushEntryLive(const FlushList& f, DeviceErrorWords* errors,
+                                               int entry, bool reporter, int32_t* seq) {
+  const int32_t n = *f.count;
+  *seq = 0;
+  if (n < 0 || n > f.max_tiles) {
+    if (reporter && entry == 0) {
+      ReportDeviceError(errors, KVARN_ERR_INVALID_ARGUMENT, kErrFlushCount, n, f.max_tiles);
+    }
+    return false;
+  }
+  if (entry >= n) return false;
+  if (f.seq_status != nullptr) {
+    *seq = f.tile_seqs[entry];
+    if (*seq < 0 || *seq >= f.batch) {
+      if (reporter) ReportDeviceError(errors, KVARN_ERR_INVALID_ARGUMENT, kErrFlushEntry, entry, 1);
+      return false;
+    }
+    if (f.seq_status[*seq] != 0) return false;
+  }
+  return true;
+}
 
 // One CTA per (item, K or V). The tile is copied to shared memory (kSmemTile) or read in place.
 // Error detail words of the synchronous operations (formatted by the host): a = item, b = which
@@ -154,6 +192,24 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
   extern __shared__ __align__(16) unsigned char smem_raw[];
   TileSmem<D, G> smem(reinterpret_cast<float*>(smem_raw));
   const int item = blockIdx.x, which = blockIdx.y;
+  int32_t seq = 0;
+  int32_t* const seq_status = job.list.seq_status;
+  if (job.list.count != nullptr) {
+    const FlushList& f = job.list;
+    const int entry = item / job.hk;
+    if (!FlushEntryLive(f, job.errors, entry, threadIdx.x == 0 && item % job.hk == 0 && which == 0,
+                        &seq)) {
+      return;
+    }
+    const int32_t page = job.src_pages[entry], block = f.dst_blocks[entry];
+    if (page < 0 || page >= f.num_pages || block < 0 || block >= f.num_blocks) {
+      if (threadIdx.x == 0) {
+        ReportSequenceError(seq_status, job.errors, seq, KVARN_ERR_INVALID_ARGUMENT, kErrFlushEntry,
+                            entry, 0);
+      }
+      return;
+    }
+  }
   const size_t index =
       job.src_pages ? static_cast<size_t>(job.src_pages[item / job.hk]) * job.hk + item % job.hk
                     : static_cast<size_t>(item);
@@ -172,8 +228,8 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
   }
   if (__syncthreads_or(bad)) {
     if (bad) {
-      ReportDeviceError(job.errors, KVARN_ERR_NON_FINITE, kErrNonFinite, job.item_base + item,
-                        which);
+      ReportSequenceError(seq_status, job.errors, seq, KVARN_ERR_NON_FINITE, kErrNonFinite,
+                          job.item_base + item, which);
     }
     return;
   }
@@ -184,7 +240,8 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
                                    : cta.template Quantize<true>(job.bits[1], job.normalize[1],
                                                                  job.iterations, rec, job.ro, smem);
   if (overflow) {
-    ReportDeviceError(job.errors, KVARN_ERR_OVERFLOW, kErrOverflow, job.item_base + item, which);
+    ReportSequenceError(seq_status, job.errors, seq, KVARN_ERR_OVERFLOW, kErrOverflow,
+                        job.item_base + item, which);
   }
 }
 
@@ -248,12 +305,22 @@ __global__ void __launch_bounds__(256)
 // Copies staged record `item` (rb bytes) to its destination unless the launch failed.
 // Destination: dst + index * stride, index = item (dst_blocks NULL) or dst_blocks[item / hk] *
 // hk + item % hk. kVec: bytes per access (16 when rb, dst and stride allow it, else 1).
+// With a flush list, only live entries of sequences without a fault are copied.
 template <int kVec>
 __global__ void __launch_bounds__(256)
     ScatterRecordsKernel(const uint8_t* staged, size_t rb, uint8_t* dst, size_t stride,
-                         const int32_t* dst_blocks, int hk, const DeviceErrorWords* errors) {
+                         const int32_t* dst_blocks, int hk, const DeviceErrorWords* errors,
+                         const FlushList list) {
   if (*static_cast<const volatile int32_t*>(&errors->launch_flag) != 0) return;
   const size_t item = blockIdx.x;
+  if (list.count != nullptr) {
+    const int entry = static_cast<int>(item / hk);
+    if (entry >= *list.count) return;  // the count was checked: a bad one set launch_flag
+    if (list.seq_status != nullptr &&
+        *static_cast<const volatile int32_t*>(&list.seq_status[list.tile_seqs[entry]]) != 0) {
+      return;
+    }
+  }
   const size_t index =
       dst_blocks ? static_cast<size_t>(dst_blocks[item / hk]) * hk + item % hk : item;
   const uint8_t* s = staged + item * rb;
@@ -299,15 +366,16 @@ Status LaunchTiles(Context* ctx, const Config& cfg, const TileJob& job, size_t i
 
 // The guarded copy of `items` staged records to their destinations.
 Status LaunchScatter(Context* ctx, const uint8_t* staged, size_t rb, size_t items, uint8_t* dst,
-                     size_t stride, const int32_t* dst_blocks, int hk) {
+                     size_t stride, const int32_t* dst_blocks, int hk,
+                     const FlushList& list = FlushList{}) {
   CudaState* s = State(ctx);
   const bool vec = Aligned16(dst) && stride % 16 == 0 && rb % 16 == 0;
   if (vec) {
     ScatterRecordsKernel<16><<<static_cast<unsigned>(items), 256, 0, s->stream>>>(
-        staged, rb, dst, stride, dst_blocks, hk, s->errors);
+        staged, rb, dst, stride, dst_blocks, hk, s->errors, list);
   } else {
     ScatterRecordsKernel<1><<<static_cast<unsigned>(items), 256, 0, s->stream>>>(
-        staged, rb, dst, stride, dst_blocks, hk, s->errors);
+        staged, rb, dst, stride, dst_blocks, hk, s->errors, list);
   }
   return CheckLaunch("ScatterRecordsKernel");
 }
@@ -459,8 +527,7 @@ Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t d
       constexpr int kD = decltype(d)::value;
       const size_t rows = n * G;
       const size_t groups = (rows + LaunchRowsPerWarp<kD>(s) - 1) / LaunchRowsPerWarp<kD>(s);
-      const dim3 grid(GridFor(ctx, ConvertRowsKernel<kD>, 256, groups, 256 / LaunchWarpSize(s)),
-                      2);
+      const dim3 grid(GridFor(ctx, ConvertRowsKernel<kD>, 256, groups, 256 / LaunchWarpSize(s)), 2);
       ConvertRowsKernel<kD><<<grid, 256, 0, s->stream>>>(
           k, v, dtype, vec, !cache_frame && cfg.k_rotate, !cache_frame && cfg.v_rotate, scale,
           first, G, rows, frame_k, frame_v, s->errors);
@@ -587,6 +654,55 @@ Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_t
   return {static_cast<kvarn_status_t>(w.code ? w.code : KVARN_ERR_INTERNAL),
           "an earlier asynchronous operation on this context failed (device error kind " +
               std::to_string(w.what) + "); nothing was written"};
+}
+
+}  // namespace gpu
+}  // namespace kvarn
+
+namespace kvarn {
+namespace gpu {
+
+// The capturable flush: the same validate-then-write pair as PagedFlush, over a device list
+// sized by max_tiles, staging in the caller's workspace; no copy, allocation or synchronization.
+Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+                     size_t max_tiles, const int32_t* n_tiles, const int32_t* src_pages,
+                     const int32_t* dst_blocks, const int32_t* tile_seqs) {
+  if (!Aligned16(kv.k_pages) || !Aligned16(kv.v_pages)) {
+    return InvalidArgument("k_pages and v_pages must be 16-byte aligned on a CUDA context");
+  }
+  if (reinterpret_cast<uintptr_t>(launch.workspace) % 256 != 0) {
+    return InvalidArgument("launch->workspace must be 256-byte aligned on a CUDA context");
+  }
+  const int Hk = kv.num_kv_heads;
+  const size_t items = max_tiles * static_cast<size_t>(Hk);
+  CudaState* s = State(ctx);
+  KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
+  TileJob job{};
+  job.src[0] = kv.k_pages;
+  job.src[1] = kv.v_pages;
+  job.src_pages = src_pages;
+  job.hk = Hk;
+  job.item_base = 0;
+  job.normalize[0] = cfg.k_normalize;
+  job.normalize[1] = cfg.v_normalize;
+  job.bits[0] = cfg.key_bits;
+  job.bits[1] = cfg.value_bits;
+  job.iterations = cfg.iterations;
+  job.staged = static_cast<uint8_t*>(launch.workspace);
+  job.rb = cfg.record_bytes();
+  job.ro = Offsets(cfg);
+  job.errors = s->errors;
+  job.list.count = n_tiles;
+  job.list.max_tiles = static_cast<int32_t>(max_tiles);
+  job.list.dst_blocks = dst_blocks;
+  job.list.tile_seqs = tile_seqs;
+  job.list.seq_status = launch.seq_status;
+  job.list.batch = kv.batch;
+  job.list.num_pages = kv.num_pages;
+  job.list.num_blocks = kv.num_record_blocks;
+  KVARN_RETURN_IF_ERROR(LaunchTiles(ctx, cfg, job, items));
+  return LaunchScatter(ctx, job.staged, job.rb, items, kv.records, kv.record_stride, dst_blocks, Hk,
+                       job.list);
 }
 
 }  // namespace gpu

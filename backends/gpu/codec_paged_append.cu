@@ -1,4 +1,6 @@
 // Layer-2 append of the CUDA backend: new tokens, rotated and rounded to fp16, into the pages.
+// kvarn_paged_append takes positions from seq_lens and block_table with a host token_indptr;
+// kvarn_paged_append_run takes a slot per token and everything else from device memory.
 //
 // Asynchronous and CUDA-graph capturable (no host sync, no allocation, no host->device copy): the
 // host token_indptr travels by value in the kernel parameters (chunks of kSeqsPerLaunch
@@ -62,9 +64,9 @@ __device__ __forceinline__ int SeqOf(const AppendChunk& ch, int32_t i) {
 
 // Loads row (token i, head h) of k or v, rotates it if asked, and rounds it to fp16 (x then
 // holds the fp16 values). nf: the row holds a NaN/Inf; of: a value does not fit fp16.
-template <int D>
-__device__ __forceinline__ void ConvertRow(const AppendArgs& a, int which, int32_t i, int h,
-                                           bool valid, int ld, float (&x)[RowLayout<D>::kPerLane],
+template <int D, typename Args>
+__device__ __forceinline__ void ConvertRow(const Args& a, int which, int32_t i, int h, bool valid,
+                                           int ld, float (&x)[RowLayout<D>::kPerLane],
                                            uint16_t (&hbits)[RowLayout<D>::kPerLane], bool* nf,
                                            bool* of) {
   using L = RowLayout<D>;
@@ -187,7 +189,180 @@ __global__ void __launch_bounds__(256) AppendWriteKernel(const AppendArgs a, con
 
 float RotationScale(int D) { return static_cast<float>(1.0 / std::sqrt(static_cast<double>(D))); }
 
+// ---- append by slot (kvarn_paged_append_run) --------------------------------------------------
+// Everything comes from device memory; rows are (token, head, K or V) over max_tokens tokens.
+// A token belongs to the sequence whose token_indptr range holds it (none: skipped).
+
+struct SlotAppendArgs {
+  const void* src[2];  // k, v: [max_tokens][Hk][D] of dtype
+  kvarn_dtype_t dtype;
+  bool vec;
+  bool rotate[2];
+  float scale;
+  uint16_t* pages[2];
+  int64_t num_slots;  // num_pages * G
+  int hk;
+  int G;
+  int batch;
+  int32_t max_tokens;
+  const int32_t* indptr;  // [batch + 1]
+  const int32_t* slots;   // [max_tokens]
+  int32_t* seq_status;    // [batch] or NULL
+  DeviceErrorWords* errors;
+};
+
+// The sequence owning token t, or -1 (past the last range, or the ranges are not sorted there).
+__device__ __forceinline__ int OwnerOf(const SlotAppendArgs& a, int32_t t) {
+  int lo = 0, hi = a.batch - 1;  // largest b with indptr[b] <= t
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (a.indptr[mid] <= t) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return a.indptr[lo] <= t && t < a.indptr[lo + 1] ? lo : -1;
+}
+
+__device__ __forceinline__ bool SequenceSkipped(const SlotAppendArgs& a, int b) {
+  return a.seq_status != nullptr && a.seq_status[b] != 0;
+}
+
+template <int D>
+__global__ void __launch_bounds__(256) SlotAppendValidateKernel(const SlotAppendArgs a) {
+  using L = RowLayout<D>;
+  const size_t gtid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t n_threads = static_cast<size_t>(gridDim.x) * blockDim.x;
+  for (size_t b = gtid; b < static_cast<size_t>(a.batch); b += n_threads) {
+    const int32_t begin = a.indptr[b], end = a.indptr[b + 1];
+    if (begin < 0 || end < begin || end > a.max_tokens) {
+      ReportSequenceError(a.seq_status, a.errors, static_cast<int32_t>(b),
+                          KVARN_ERR_INVALID_ARGUMENT, kErrTokenRange, static_cast<int32_t>(b), end);
+    }
+  }
+  const int lane = threadIdx.x % kWarpSize;
+  const int ld = lane % L::kLanes, lt = lane / L::kLanes;
+  const size_t warp = gtid / kWarpSize, n_warps = n_threads / kWarpSize;
+  const size_t rows = static_cast<size_t>(a.max_tokens) * a.hk * 2;
+  for (size_t r0 = warp * L::kRowsPerWarp; r0 < rows; r0 += n_warps * L::kRowsPerWarp) {
+    const size_t r = r0 + lt;
+    const int32_t t = static_cast<int32_t>((r >> 1) / a.hk);
+    const int b = r < rows ? OwnerOf(a, t) : -1;
+    const int32_t slot = b >= 0 ? a.slots[t] : -1;
+    // Rows of skipped tokens are converted as zeros (the row shuffles need every lane).
+    const bool valid = b >= 0 && slot != -1 && !SequenceSkipped(a, b);
+    const int which = static_cast<int>(r & 1);
+    const int h = static_cast<int>((r >> 1) % a.hk);
+    float x[L::kPerLane];
+    uint16_t hb[L::kPerLane];
+    bool nf, of;
+    ConvertRow<D>(a, which, t, h, valid, ld, x, hb, &nf, &of);
+    if (!valid || ld != 0) continue;
+    if (slot < -1 || slot >= a.num_slots) {
+      ReportSequenceError(a.seq_status, a.errors, b, KVARN_ERR_INVALID_ARGUMENT, kErrSlot, t, slot);
+    } else if (nf || of) {
+      ReportSequenceError(a.seq_status, a.errors, b, nf ? KVARN_ERR_NON_FINITE : KVARN_ERR_OVERFLOW,
+                          nf ? kErrNonFinite : kErrOverflow, t, h);
+    }
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(256) SlotAppendWriteKernel(const SlotAppendArgs a) {
+  using L = RowLayout<D>;
+  // Without a status array any fault fails the whole call.
+  if (a.seq_status == nullptr &&
+      *static_cast<const volatile int32_t*>(&a.errors->launch_flag) != 0) {
+    return;
+  }
+  const size_t gtid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const size_t n_threads = static_cast<size_t>(gridDim.x) * blockDim.x;
+  const int lane = threadIdx.x % kWarpSize;
+  const int ld = lane % L::kLanes, lt = lane / L::kLanes;
+  const size_t warp = gtid / kWarpSize, n_warps = n_threads / kWarpSize;
+  const size_t rows = static_cast<size_t>(a.max_tokens) * a.hk * 2;
+  for (size_t r0 = warp * L::kRowsPerWarp; r0 < rows; r0 += n_warps * L::kRowsPerWarp) {
+    const size_t r = r0 + lt;
+    const int32_t t = static_cast<int32_t>((r >> 1) / a.hk);
+    const int b = r < rows ? OwnerOf(a, t) : -1;
+    const int32_t slot = b >= 0 ? a.slots[t] : -1;
+    const bool valid = b >= 0 && slot >= 0 && slot < a.num_slots && !SequenceSkipped(a, b);
+    const int which = static_cast<int>(r & 1);
+    const int h = static_cast<int>((r >> 1) % a.hk);
+    float x[L::kPerLane];
+    uint16_t hb[L::kPerLane];
+    bool nf, of;
+    ConvertRow<D>(a, which, t, h, valid, ld, x, hb, &nf, &of);
+    if (!valid) continue;
+    const size_t page = static_cast<size_t>(slot / a.G), pos = static_cast<size_t>(slot % a.G);
+    uint16_t* dst = (which ? a.pages[1] : a.pages[0]) + page * a.hk * a.G * D +
+                    (static_cast<size_t>(h) * a.G + pos) * D;
+#pragma unroll
+    for (int c = 0; c < L::kChunks; ++c) Store8Halves(dst + L::Channel(ld, c), &hb[c * 8]);
+  }
+}
+
+// Calls f(integral_constant<D>) for a supported head dim.
+template <typename F>
+Status DispatchHeadDim(int D, F&& f) {
+  switch (D) {
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    case 256:
+      return f(std::integral_constant<int, 256>{});
+    case 512:
+      return f(std::integral_constant<int, 512>{});
+    default:
+      return Unsupported("head_dim " + std::to_string(D));
+  }
+}
+
 }  // namespace
+
+Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+                      const int32_t* token_indptr, const int32_t* slot_mapping, size_t max_tokens,
+                      kvarn_dtype_t dtype, const void* k, const void* v) {
+  if (!Aligned16(kv.k_pages) || !Aligned16(kv.v_pages)) {
+    return InvalidArgument("k_pages and v_pages must be 16-byte aligned on a CUDA context");
+  }
+  CudaState* s = State(ctx);
+  SlotAppendArgs a{};
+  a.src[0] = k;
+  a.src[1] = v;
+  a.dtype = dtype;
+  a.vec = Aligned16(k) && Aligned16(v);
+  a.rotate[0] = cfg.k_rotate;
+  a.rotate[1] = cfg.v_rotate;
+  a.scale = RotationScale(cfg.D);
+  a.pages[0] = kv.k_pages;
+  a.pages[1] = kv.v_pages;
+  a.num_slots = static_cast<int64_t>(kv.num_pages) * cfg.G;
+  a.hk = kv.num_kv_heads;
+  a.G = cfg.G;
+  a.batch = kv.batch;
+  a.max_tokens = static_cast<int32_t>(max_tokens);
+  a.indptr = token_indptr;
+  a.slots = slot_mapping;
+  a.seq_status = launch.seq_status;
+  a.errors = s->errors;
+  if (launch.seq_status == nullptr) KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
+  return DispatchHeadDim(cfg.D, [&](auto d) -> Status {
+    constexpr int kD = decltype(d)::value;
+    const size_t rows = max_tokens * static_cast<size_t>(kv.num_kv_heads) * 2;
+    const size_t rows_per_warp = LaunchRowsPerWarp<kD>(s);
+    size_t blocks = ((rows + rows_per_warp - 1) / rows_per_warp + 7) / 8;
+    blocks = std::max<size_t>({blocks, (static_cast<size_t>(kv.batch) + 255) / 256, 1});
+    blocks = std::min<size_t>(blocks, static_cast<size_t>(std::max(s->sm_count, 1)) * 8);
+    const unsigned grid = static_cast<unsigned>(blocks);
+    SlotAppendValidateKernel<kD><<<grid, 256, 0, s->stream>>>(a);
+    KVARN_RETURN_IF_ERROR(CheckLaunch("SlotAppendValidateKernel"));
+    SlotAppendWriteKernel<kD><<<grid, 256, 0, s->stream>>>(a);
+    return CheckLaunch("SlotAppendWriteKernel");
+  });
+}
 
 Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int32_t* indptr,
                    kvarn_dtype_t dtype, const void* k, const void* v) {

@@ -1,7 +1,8 @@
 // One tile matrix (K or V of one record) quantized by one CTA: variance normalization
-// (ALGORITHM.md section 4), round-to-nearest (section 5), scale absorption (section 6) and packing
-// (section 7). The fp16 tile stays in shared memory for all iterations (or, where the device has
-// too little shared memory for the largest tiles, is re-read from global memory through L1/L2).
+// (docs/FORMAT.md section 4), round-to-nearest (section 5), scale absorption (section 6) and
+// packing (section 7). The fp16 tile stays in shared memory for all iterations (or, where the
+// device has too little shared memory for the largest tiles, is re-read from global memory through
+// L1/L2).
 //
 // Thread layout (TileShape): the G x D fp16 tile (token-major, as pages store it) is spread over
 // kWarps warps; a warp's lanes form kRowsPerWarp row groups of kLanes lanes (RowLayout<D>), and
@@ -11,11 +12,11 @@
 // smem partial per warp summed in a fixed order by thread d. All sums are fp32 trees in a fixed
 // order, so a shape always gives the same bits.
 //
-// Numerics (TARGETS.md: >= 99.99% identical codes vs the CPU reference, not byte identity): the
-// deviations of X = (M / e_c) / e_r are computed as w_r * std(M * w_c) with reciprocal weights
-// w = exp(-l) (the deviation is scale-equivariant), in fp32 with two passes (mean, then squared
-// deviations). The balanced tile B that defines the codes uses IEEE divisions in the reference's
-// order (column scale first), so codes match wherever the scales do.
+// Numerics (docs/FORMAT.md section 10: >= 99.99% identical codes vs the CPU reference, not byte
+// identity): the deviations of X = (M / e_c) / e_r are computed as w_r * std(M * w_c) with
+// reciprocal weights w = exp(-l) (the deviation is scale-equivariant), in fp32 with two passes
+// (mean, then squared deviations). The balanced tile B that defines the codes uses IEEE divisions
+// in the reference's order (column scale first), so codes match wherever the scales do.
 #pragma once
 
 #include <cstdint>
@@ -74,7 +75,7 @@ struct TileSmem {
   __device__ float& MM(int parity, int warp, int i) { return mm[(parity * W + warp) * 4 + i]; }
 };
 
-// Byte offsets of the record fields (ALGORITHM.md section 7).
+// Byte offsets of the record fields (docs/FORMAT.md section 7).
 struct RecordOffsets {
   uint32_t off[KVARN_FIELD_COUNT];
 };

@@ -93,6 +93,24 @@ Status TakeDeviceError(CudaState* s) {
       m += "sequence " + std::to_string(w.a) + " has fewer tokens than its " + std::to_string(w.b) +
            " query tokens";
       break;
+    case kErrSlot:
+      m += "token " + std::to_string(w.a) + ": slot " + std::to_string(w.b) +
+           " is outside the page pool; nothing was written";
+      break;
+    case kErrTokenRange:
+      m += "sequence " + std::to_string(w.a) + ": token_indptr ends at " + std::to_string(w.b) +
+           ", not a range inside max_tokens; nothing was written";
+      break;
+    case kErrFlushCount:
+      m += "*n_tiles is " + std::to_string(w.a) +
+           ", outside [0, max_tiles = " + std::to_string(w.b) + "]; nothing was flushed";
+      break;
+    case kErrFlushEntry:
+      m += "flush entry " + std::to_string(w.a) +
+           (w.b ? ": tile_seqs names no sequence of the batch"
+                : ": its page or record block is outside its pool") +
+           "; nothing was flushed";
+      break;
     default:
       m += "unknown device error " + std::to_string(w.what);
   }
@@ -310,6 +328,67 @@ Status PagedAttentionOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv
   return PagedAttention(ctx, cfg, kv, args, q, out, lse, workspace, workspace_bytes);
 }
 
+// The capturable calls: the launch's stream for the call's scope, and nothing that could
+// synchronize or allocate (pointer checks are driver lookups, allowed during capture).
+Status AttentionPlanOnDevice(Context* ctx, const Config& cfg, const AttentionShape& shape,
+                             const AttentionArgs& args, AttentionPlan* plan) {
+  DeviceGuard guard(State(ctx)->device);
+  return AttentionPlanFor(ctx, cfg, shape, args, plan);
+}
+
+Status PagedAppendRunOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
+                              const LaunchArgs& launch, const int32_t* token_indptr,
+                              const int32_t* slot_mapping, size_t max_tokens, kvarn_dtype_t dtype,
+                              const void* k, const void* v) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckPointers(s, {{kv.k_pages, "k_pages"},
+                                          {kv.v_pages, "v_pages"},
+                                          {token_indptr, "token_indptr"},
+                                          {slot_mapping, "slot_mapping"},
+                                          {k, "k"},
+                                          {v, "v"},
+                                          {launch.seq_status, "seq_status"}}));
+  StreamScope scope(s, launch.stream);
+  return PagedAppendRun(ctx, cfg, kv, launch, token_indptr, slot_mapping, max_tokens, dtype, k, v);
+}
+
+Status PagedFlushRunOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
+                             const LaunchArgs& launch, size_t max_tiles, const int32_t* n_tiles,
+                             const int32_t* src_pages, const int32_t* dst_blocks,
+                             const int32_t* tile_seqs) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckPointers(s, {{kv.records, "records"},
+                                          {kv.k_pages, "k_pages"},
+                                          {kv.v_pages, "v_pages"},
+                                          {n_tiles, "n_tiles"},
+                                          {src_pages, "src_pages"},
+                                          {dst_blocks, "dst_blocks"},
+                                          {tile_seqs, "tile_seqs"},
+                                          {launch.seq_status, "seq_status"},
+                                          {launch.workspace, "workspace"}}));
+  StreamScope scope(s, launch.stream);
+  return PagedFlushRun(ctx, cfg, kv, launch, max_tiles, n_tiles, src_pages, dst_blocks, tile_seqs);
+}
+
+Status PagedAttentionRunOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                 const AttentionShape& shape, const AttentionArgs& args,
+                                 const AttentionPlan& plan, const LaunchArgs& launch,
+                                 const int32_t* q_indptr, const void* q, void* out, float* lse) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
+  KVARN_RETURN_IF_ERROR(CheckPointers(s, {{q_indptr, "q_indptr"},
+                                          {q, "q"},
+                                          {out, "out"},
+                                          {lse, "lse"},
+                                          {launch.seq_status, "seq_status"},
+                                          {launch.workspace, "workspace"}}));
+  StreamScope scope(s, launch.stream);
+  return PagedAttentionRun(ctx, cfg, kv, shape, args, plan, launch, q_indptr, q, out, lse);
+}
+
 }  // namespace
 
 #if KVARN_GPU_HIP
@@ -344,6 +423,10 @@ const BackendOps KVARN_GPU_BACKEND_TABLE = {
     PagedFlushOnDevice,
     AttentionWorkspaceOnDevice,
     PagedAttentionOnDevice,
+    AttentionPlanOnDevice,
+    PagedAppendRunOnDevice,
+    PagedFlushRunOnDevice,
+    PagedAttentionRunOnDevice,
 };
 #endif
 

@@ -32,6 +32,10 @@ enum DeviceErrorKind : int32_t {
   kErrNonFinite = 3,   // a = token, b = head
   kErrOverflow = 4,    // a = token or tile, b = head
   kErrQueryLen = 5,    // a = sequence, b = query tokens
+  kErrSlot = 6,        // a = token, b = slot
+  kErrTokenRange = 7,  // a = sequence, b = token_indptr[b + 1]
+  kErrFlushCount = 8,  // a = *n_tiles, b = max_tiles
+  kErrFlushEntry = 9,  // a = entry, b = 0: page or block out of its pool, 1: tile_seqs out of range
 };
 
 __device__ inline void ReportDeviceError(DeviceErrorWords* e, kvarn_status_t code,
@@ -42,6 +46,19 @@ __device__ inline void ReportDeviceError(DeviceErrorWords* e, kvarn_status_t cod
     e->a = a;
     e->b = b;
   }
+}
+
+// A data error of sequence `seq` in a capturable (*_run) call: into its status entry when the
+// call has a status array (the first fault wins; the sequence is then skipped), else into the
+// context's sticky words (the whole call fails).
+__device__ inline void ReportSequenceError(int32_t* seq_status, DeviceErrorWords* e, int32_t seq,
+                                           kvarn_status_t code, DeviceErrorKind what, int32_t a,
+                                           int32_t b) {
+  if (seq_status != nullptr) {
+    atomicCAS(&seq_status[seq], 0, static_cast<int32_t>(code));
+    return;
+  }
+  ReportDeviceError(e, code, what, a, b);
 }
 
 // What a GPU context keeps (Context::backend_state).
@@ -102,6 +119,22 @@ inline Status CheckLaunch(const char* kernel) { return CudaError(cudaGetLastErro
 
 // Ensures ctx's scratch holds at least `bytes` (allocation only when it must grow).
 Status EnsureScratch(Context* ctx, size_t bytes, void** out);
+
+// Runs the scope's calls on `stream` (NULL: the context's own), restoring the context's stream
+// after: the per-call stream of the capturable API. A context is used by one thread at a time.
+class StreamScope {
+ public:
+  StreamScope(CudaState* s, void* stream) : s_(s), saved_(s->stream) {
+    if (stream != nullptr) s_->stream = static_cast<cudaStream_t>(stream);
+  }
+  ~StreamScope() { s_->stream = saved_; }
+  StreamScope(const StreamScope&) = delete;
+  StreamScope& operator=(const StreamScope&) = delete;
+
+ private:
+  CudaState* s_;
+  cudaStream_t saved_;
+};
 
 // Clears the per-launch flag on the context's stream (for validate-then-write pairs).
 Status ResetLaunchFlag(Context* ctx);

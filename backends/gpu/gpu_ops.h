@@ -20,12 +20,25 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
 Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
                   const int32_t* src_pages, const int32_t* dst_blocks);
 
+Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+                      const int32_t* token_indptr, const int32_t* slot_mapping, size_t max_tokens,
+                      kvarn_dtype_t dtype, const void* k, const void* v);
+Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+                     size_t max_tiles, const int32_t* n_tiles, const int32_t* src_pages,
+                     const int32_t* dst_blocks, const int32_t* tile_seqs);
+
 // attention_kernels.cu
 Status AttentionWorkspace(Context* ctx, const Config& cfg, const PagedKV& kv,
                           const AttentionArgs& args, size_t total_q, size_t* bytes);
 Status PagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv, const AttentionArgs& args,
                       const void* q, void* out, float* lse, void* workspace,
                       size_t workspace_bytes);
+Status AttentionPlanFor(Context* ctx, const Config& cfg, const AttentionShape& shape,
+                        const AttentionArgs& args, AttentionPlan* plan);
+Status PagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                         const AttentionShape& shape, const AttentionArgs& args,
+                         const AttentionPlan& plan, const LaunchArgs& launch,
+                         const int32_t* q_indptr, const void* q, void* out, float* lse);
 
 }  // namespace gpu
 }  // namespace kvarn

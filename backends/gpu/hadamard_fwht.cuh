@@ -1,4 +1,4 @@
-// The Hadamard rotation of one row of D channels spread over the lanes of a warp (ALGORITHM.md
+// The Hadamard rotation of one row of D channels spread over the lanes of a warp (docs/FORMAT.md
 // section 3), and the 8-element row loads/stores of f32/f16/bf16 every codec kernel uses.
 //
 // Row layout: a row of D channels is held by kLanes consecutive lanes of a warp, each with

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent H200: build the CUDA backend, run the GPU suites, benchmark, print a table.
-#   bench/gpu/device_run.sh [all | test,python,bench,sanitize,profile (any of them)] [ctest -R regex]
+#   bench/gpu/device_run.sh [all | test,python,bench,step,sanitize,profile (any of them)] [ctest -R regex]
 # Needs googletest sources in .devdeps/googletest (carried; Debian's /usr/src/googletest); the
 # python mode also needs .devdeps/swig (swig binary + its lib), .devdeps/wheels (pytest
 # and its deps) and .devdeps/austen-d128 (the model): see bench/gpu/README or the session notes.
@@ -93,6 +93,10 @@ if [[ $mode == *sanitize* || $mode == all ]]; then
       build/dev/tests/kvarn_test_cuda_attention --gtest_filter="$attn_filter" \
       >"$OUT/sanitize_${tool}_attention_cpasync.log" 2>&1
     summary+=("compute-sanitizer $tool attention (cp.async ring) rc=$?: $(grep -E 'SUMMARY' "$OUT/sanitize_${tool}_attention_cpasync.log" | tail -1)")
+    # The capturable layer 2: append by slot, device-list flush, planned attention, faults.
+    compute-sanitizer --tool $tool --error-exitcode 9 build/dev/tests/kvarn_test_paged_run \
+      --gtest_filter='*cuda*' >"$OUT/sanitize_${tool}_paged_run.log" 2>&1
+    summary+=("compute-sanitizer $tool paged_run rc=$?: $(grep -E 'SUMMARY' "$OUT/sanitize_${tool}_paged_run.log" | tail -1)")
     # KVARN_SANITIZE_CODEC_TOOLS (default all three) limits the codec suite's tools: its
     # racecheck takes ~100 s of device time.
     if [[ -x build/dev/tests/kvarn_test_cuda_codec && " ${KVARN_SANITIZE_CODEC_TOOLS:-memcheck racecheck synccheck} " == *" $tool "* ]]; then
@@ -107,6 +111,11 @@ if [[ $mode == *bench* || $mode == all ]]; then
   python3 bench/gpu/sdpa_baseline.py --csv "$OUT/sdpa.csv" 2>"$OUT/sdpa.err" | tee "$OUT/bench_sdpa.txt"
   [[ -x build/dev/bench/gpu/kvarn-bench-cuda-codec ]] &&
     build/dev/bench/gpu/kvarn-bench-cuda-codec | tee "$OUT/bench_codec.txt"
+fi
+if [[ $mode == *step* || $mode == *bench* || $mode == all ]]; then
+  # A whole decode step (32 layers of append + flush + attention), eager against a graph replay.
+  build/dev/bench_decode_step 2>&1 | tee "$OUT/bench_decode_step.txt"
+  summary+=("decode step rc=${PIPESTATUS[0]}: $(grep -E '^(eager|graph)' "$OUT/bench_decode_step.txt" | tr -s ' ' | tr '\n' ';')")
 fi
 if [[ ($mode == *profile* || $mode == all) && ${KVARN_PROFILE:-all} != extend ]]; then
   # What limits decode attention at B=32, 32k: one launch of the tensor-core kernel under ncu.

@@ -1,4 +1,4 @@
-// Test-side references written from ALGORITHM.md alone (not from the library's sources): the
+// Test-side references written from docs/FORMAT.md alone (not from the library's sources): the
 // Sylvester Hadamard in double, a record decoder, and float64 attention.
 #pragma once
 
@@ -12,7 +12,7 @@
 
 namespace kvt {
 
-// x <- x H in double, H the orthonormal Sylvester Hadamard of order n (ALGORITHM.md section 3).
+// x <- x H in double, H the orthonormal Sylvester Hadamard of order n (docs/FORMAT.md section 3).
 inline void HadamardDouble(double* x, int n) {
   for (int h = 1; h < n; h *= 2) {
     for (int i = 0; i < n; i += 2 * h) {
@@ -46,7 +46,7 @@ inline std::vector<int> SylvesterMatrix(int n) {
   return h;
 }
 
-// A record, decoded from the layout of ALGORITHM.md section 7.
+// A record, decoded from the layout of docs/FORMAT.md section 7.
 struct DecodedRecord {
   int D = 0, G = 0;
   std::vector<uint8_t> k_codes;         // [D][G]
@@ -125,7 +125,7 @@ double RelL2(const A& a, const B& b) {
   return std::sqrt(num / den);
 }
 
-// Attention of one query over n keys in double (ALGORITHM.md section 9):
+// Attention of one query over n keys in double (docs/FORMAT.md section 9):
 // o' = softmax(scale * q' K'^T) V', o = o' H when V is rotated.
 // q_rot: the query in the cache frame of K (already multiplied by H when K is rotated).
 // K, V: token-major [n][D] in the cache frame. Returns o (D values) and lse.

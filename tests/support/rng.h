@@ -1,5 +1,5 @@
-// Seeded random numbers for the tests (STYLE.md: random inputs come from seeded generators and
-// the seed is printed on failure).
+// Seeded random numbers for the tests (random inputs come from seeded generators and the seed is
+// printed on failure).
 //
 // The generator is xoshiro256** seeded by splitmix64, and normals come from Box-Muller, so a
 // seed gives the same numbers on every platform and standard library (std::normal_distribution

@@ -16,7 +16,7 @@
 // that the codes and zeros come from uses true divisions.
 //
 // Attention (section 9) runs on the packed codes with the scales folded, an fp32 online softmax
-// and FMA; it matches the reference within TARGETS.md's tolerance, not bit for bit.
+// and FMA; it matches the reference within docs/FORMAT.md section 10's tolerance, not bit for bit.
 #pragma once
 
 #include <cmath>

@@ -251,7 +251,7 @@ KVARN_API kvarn_status_t kvarn_memory_copy(kvarn_context_t* context, void* dst, 
 KVARN_API kvarn_status_t kvarn_context_synchronize(kvarn_context_t* context);
 
 /* ---------------------------------------------------------------------------------------------
- * Configurations (ALGORITHM.md sections 2-7)
+ * Configurations (docs/FORMAT.md sections 2-7)
  * ------------------------------------------------------------------------------------------- */
 
 /* A quantization config. A growable input struct like the others when passed alone (fields past
@@ -287,7 +287,7 @@ KVARN_API const char* kvarn_preset_name(int32_t index);
 /* KVARN_OK if every field is supported; else KVARN_ERR_UNSUPPORTED or INVALID_ARGUMENT. */
 KVARN_API kvarn_status_t kvarn_config_validate(const kvarn_config_t* config);
 
-/* Record fields in storage order (ALGORITHM.md section 7). */
+/* Record fields in storage order (docs/FORMAT.md section 7). */
 typedef enum kvarn_record_field {
   KVARN_FIELD_K_CODES = 0,         /* D rows x G codes of bK bits */
   KVARN_FIELD_K_SCALE = 1,         /* a: fp16 [D] */
@@ -313,7 +313,7 @@ KVARN_API kvarn_status_t kvarn_record_field(const kvarn_config_t* config,
  * ------------------------------------------------------------------------------------------- */
 
 /* Rotates n_rows vectors of head_dim channels by the orthonormal Sylvester Hadamard matrix
- * (ALGORITHM.md section 3): out[r,:] = in[r,:] H, computed in fp32, rounded to out_dtype
+ * (docs/FORMAT.md section 3): out[r,:] = in[r,:] H, computed in fp32, rounded to out_dtype
  * (nearest even). H is its own inverse, so the same call un-rotates.
  * in:  [n_rows][head_dim] of in_dtype;  out: [n_rows][head_dim] of out_dtype (may equal in when
  * the dtypes are equal). head_dim in {64,128,256,512}. */
@@ -327,7 +327,7 @@ KVARN_API kvarn_status_t kvarn_rotate(kvarn_context_t* context, int32_t head_dim
  * so no rotation is applied. dequantize: return the cache frame (do not un-rotate). */
 #define KVARN_CODEC_CACHE_FRAME 1u
 
-/* Quantizes n_tiles (K, V) tile pairs into records (ALGORITHM.md sections 3-7).
+/* Quantizes n_tiles (K, V) tile pairs into records (docs/FORMAT.md sections 3-7).
  * k, v: [n_tiles][G][D] of dtype, tokens x channels, unrotated (as an engine appends them) unless
  *       KVARN_CODEC_CACHE_FRAME is set. They are rotated (unless ablated) and rounded to fp16
  *       exactly as the cache stores them, then quantized.
@@ -365,8 +365,9 @@ KVARN_API kvarn_status_t kvarn_dequantize(kvarn_context_t* context, const kvarn_
  *   record block r:  records + r * Hk * record_stride bytes: the Hk records of one tile, in KV
  *                    head order, record_stride bytes apart.
  * Memory: records, pages, block_table, seq_lens and record_tiles are in the context's memory
- * (device memory for GPU contexts, so a decode step can be captured in a CUDA graph); the indptr
- * arrays and the flush id lists are host memory (they size the launch).
+ * (device memory for GPU contexts); the indptr arrays and the flush id lists are host memory
+ * (they size the launch), so these calls cannot be captured in a CUDA graph: the plan / run form
+ * below takes every per-step array from the context's memory.
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct kvarn_paged_kv {
@@ -423,8 +424,9 @@ KVARN_API kvarn_status_t kvarn_paged_attention_workspace_size(
     kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
     const kvarn_attention_params_t* params, size_t total_q_tokens, size_t* out_bytes);
 
-/* Attention of queries over the cache (ALGORITHM.md section 9): the query is rotated when K is,
- * the output un-rotated when V is; fp32 online softmax.
+/* Attention of queries over the cache (docs/FORMAT.md section 9): the query is rotated when K is,
+ * the output un-rotated when V is; fp32 online softmax. A sequence with seq_lens[b] == 0 is a
+ * padding slot: its output rows are zeros and its lse -inf.
  * q:   [total_q_tokens][Hq][D] of params->q_dtype, unrotated; total_q_tokens = batch for decode,
  *      q_indptr[batch] for extend.
  * out: [total_q_tokens][Hq][D] of params->out_dtype.
@@ -438,6 +440,131 @@ KVARN_API kvarn_status_t kvarn_paged_attention(kvarn_context_t* context,
                                                const kvarn_attention_params_t* params,
                                                const void* q, void* out, float* lse,
                                                void* workspace, size_t workspace_bytes);
+
+/* ---------------------------------------------------------------------------------------------
+ * Layer 2, capturable form: plan / run over device-resident metadata
+ *
+ * For engines that run each decode step under a CUDA graph (the vLLM / SGLang / TensorRT-LLM
+ * pattern). What the scheduler knows when it fixes a batch shape goes into a plan, made once
+ * and outside any capture; every per-step value (lengths, tables, offsets, write slots, flush
+ * lists and their count) lives in the context's memory. On a GPU context the *_run calls read
+ * no host memory other than their argument structs, never synchronize, never allocate, and only
+ * enqueue work on the launch's stream, so they can be captured once and replayed while the
+ * metadata they point to changes between replays. On a CPU context they run synchronously over
+ * host memory with the same semantics.
+ *
+ * Padding: a sequence slot with no tokens is skipped: append and flush write nothing for it,
+ * and attention writes zeros to its output rows and -inf to its lse (seq_lens[b] == 0; also in
+ * kvarn_paged_attention).
+ *
+ * Error model:
+ *   - Argument errors (NULL pointers, sizes, dtypes, shapes that disagree with the plan, a
+ *     workspace too small) are found on the host: the call returns their status and enqueues
+ *     nothing.
+ *   - Data errors are found by the kernels in the context's memory: a NaN/Inf or fp16-overflowing
+ *     row, a slot or pool index out of range, lengths that do not add up. With
+ *     launch->seq_status set they are per sequence: seq_status[b] receives the kvarn_status_t
+ *     code of the first fault of sequence b (KVARN_ERR_NON_FINITE, KVARN_ERR_OVERFLOW or
+ *     KVARN_ERR_INVALID_ARGUMENT), sequence b stays exactly as it was (none of its tokens is
+ *     appended, none of its flush entries writes a record), and every other sequence proceeds.
+ *     The calls never clear an entry, and an entry already non-zero when a call starts makes the
+ *     call skip that sequence: one step can chain append -> flush -> attention on one status
+ *     array, which the engine clears (cudaMemsetAsync) when it has read it.
+ *     Without seq_status a data error fails the whole call: append and flush write nothing, and
+ *     the error is returned by the context's next kvarn_context_synchronize or
+ *     kvarn_memory_copy (on the CPU, by the call itself).
+ *   - Attention output rows (and lse) of a sequence that faults, or had faulted, are unspecified.
+ * ------------------------------------------------------------------------------------------- */
+
+/* Where and with what a *_run call executes. */
+typedef struct kvarn_launch {
+  size_t size;            /* sizeof(kvarn_launch_t) */
+  void* stream;           /* cudaStream_t / hipStream_t of this call; NULL = the context's */
+  int32_t* seq_status;    /* [batch] int32 per-sequence status (context memory), or NULL */
+  void* workspace;        /* caller-owned scratch (context memory); NULL when none is needed */
+  size_t workspace_bytes; /* bytes at workspace */
+} kvarn_launch_t;
+
+KVARN_API void kvarn_launch_defaults(kvarn_launch_t* launch);
+
+/* Writes new tokens by slot (vLLM's slot_mapping): token t goes, rotated (per the config) and
+ * rounded to fp16, to position slot_mapping[t] % G of page slot_mapping[t] / G, in the K and V
+ * pages. slot_mapping[t] == -1 skips token t (padding). Sequence b owns tokens
+ * [token_indptr[b], token_indptr[b+1]) (for seq_status). Of kv, only num_kv_heads, batch,
+ * k_pages, v_pages and num_pages are read: append never reads seq_lens or block_table, so one
+ * set of lengths (after the append) serves append and attention.
+ * token_indptr: [batch+1] int32, slot_mapping: [max_tokens] int32, both context memory;
+ * k, v: [max_tokens][Hk][D] of dtype. max_tokens (host) sizes the launch; token_indptr[batch]
+ * above it is a data error of every sequence it cuts. Data errors: a slot outside the page pool,
+ * a non-finite or fp16-overflowing row, token_indptr decreasing. No workspace. */
+KVARN_API kvarn_status_t kvarn_paged_append_run(
+    kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
+    const kvarn_launch_t* launch, const int32_t* token_indptr, const int32_t* slot_mapping,
+    size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v);
+
+/* Workspace bytes kvarn_paged_flush_run needs for up to max_tiles tiles (from shapes alone). */
+KVARN_API kvarn_status_t kvarn_paged_flush_workspace_size(const kvarn_config_t* config,
+                                                          int32_t num_kv_heads, size_t max_tiles,
+                                                          size_t* out_bytes);
+
+/* Quantizes the first *n_tiles entries of a device list: page src_pages[i] (all Hk heads) ->
+ * record block dst_blocks[i]. n_tiles: one int32 in context memory; max_tiles (host) sizes the
+ * launch. src_pages, dst_blocks, tile_seqs: [max_tiles] int32, context memory; tile_seqs[i]
+ * names the sequence (0..batch-1) entry i belongs to, and is required with launch->seq_status
+ * (else it may be NULL). Of kv, only num_kv_heads, batch and the pools are read.
+ * Data errors of an entry (its sequence's, per the error model above): a page or block outside
+ * its pool, a NaN/Inf in the page, a scale beyond fp16. Data errors of the call (nothing is
+ * flushed, reported as without seq_status): *n_tiles outside [0, max_tiles], a tile_seqs entry
+ * outside the batch. Workspace: kvarn_paged_flush_workspace_size bytes, 256-byte aligned on a
+ * GPU context (as kvarn_memory_alloc and cudaMalloc return). */
+KVARN_API kvarn_status_t kvarn_paged_flush_run(kvarn_context_t* context,
+                                               const kvarn_config_t* config,
+                                               const kvarn_paged_kv_t* kv,
+                                               const kvarn_launch_t* launch, size_t max_tiles,
+                                               const int32_t* n_tiles, const int32_t* src_pages,
+                                               const int32_t* dst_blocks, const int32_t* tile_seqs);
+
+/* The shape an attention plan is made for. */
+typedef struct kvarn_attention_shape {
+  size_t size;                /* sizeof(kvarn_attention_shape_t) */
+  int32_t batch;              /* sequence slots (padding slots included) */
+  int32_t num_kv_heads;       /* Hk */
+  int32_t max_blocks_per_seq; /* block_table row stride: the longest context, in tiles */
+  int32_t max_q_per_seq;      /* 0 = decode (one query token per slot, no q_indptr); else the
+                                 most query tokens of one sequence (extend) */
+  int64_t max_total_q;        /* extend: the most query tokens of a step (rows of q, out and
+                                 lse); ignored for decode (= batch) */
+} kvarn_attention_shape_t;
+
+KVARN_API void kvarn_attention_shape_defaults(kvarn_attention_shape_t* shape);
+
+typedef struct kvarn_attention_plan kvarn_attention_plan_t;
+
+/* Makes a plan for every step of this shape: kernel choice, split counts and workspace size.
+ * params: as for kvarn_paged_attention, with q_indptr NULL (queries come at run time). The plan
+ * belongs to the context (destroy it first) and may be used by any call on it. */
+KVARN_API kvarn_status_t kvarn_attention_plan_create(kvarn_context_t* context,
+                                                     const kvarn_config_t* config,
+                                                     const kvarn_attention_shape_t* shape,
+                                                     const kvarn_attention_params_t* params,
+                                                     kvarn_attention_plan_t** out_plan);
+/* NULL is a no-op. */
+KVARN_API void kvarn_attention_plan_destroy(kvarn_attention_plan_t* plan);
+/* Workspace bytes every run of the plan needs (0 is possible). */
+KVARN_API kvarn_status_t kvarn_attention_plan_workspace_size(const kvarn_attention_plan_t* plan,
+                                                             size_t* out_bytes);
+
+/* Attention of one step under a plan (docs/FORMAT.md section 9, as kvarn_paged_attention).
+ * kv: batch, num_kv_heads and max_blocks_per_seq equal to the plan's shape; seq_lens (the
+ * lengths after this step's append), record_tiles and block_table in context memory.
+ * q_indptr: decode plans NULL; extend plans [batch+1] int32 in context memory (sequence b has
+ * q_indptr[b+1] - q_indptr[b] <= max_q_per_seq query tokens, q_indptr[batch] <= max_total_q;
+ * more is a data error). q, out: [rows][Hq][D], lse: [rows][Hq] float or NULL, rows = batch
+ * (decode) or max_total_q (extend; rows past q_indptr[batch] are not written).
+ * launch->workspace: kvarn_attention_plan_workspace_size bytes. */
+KVARN_API kvarn_status_t kvarn_paged_attention_run(
+    kvarn_context_t* context, const kvarn_attention_plan_t* plan, const kvarn_paged_kv_t* kv,
+    const kvarn_launch_t* launch, const int32_t* q_indptr, const void* q, void* out, float* lse);
 
 /* ---------------------------------------------------------------------------------------------
  * Layer 3: managed cache

@@ -1,0 +1,158 @@
+// Layer 2, capturable form (kvarn.h "plan / run"): the C entry points and the plan object.
+#include <cstring>
+#include <new>
+
+#include "capi/src/shim.h"
+#include "core/abi_struct.h"
+#include "core/config.h"
+#include "core/ops.h"
+#include "core/paged_run.h"
+
+using kvarn::AttentionArgs;
+using kvarn::AttentionPlan;
+using kvarn::AttentionShape;
+using kvarn::Config;
+using kvarn::LaunchArgs;
+using kvarn::PagedKV;
+using kvarn::Status;
+using kvarn::capi::Guard;
+using kvarn::capi::NeedContext;
+
+// A plan remembers everything the run calls need from the host: the config, the shape, the
+// attention parameters and the backend's decisions, so a run reads only device pointers.
+struct kvarn_attention_plan {
+  const kvarn_context_t* context;
+  Config cfg;
+  AttentionShape shape;
+  AttentionArgs args;
+  AttentionPlan plan;
+};
+
+namespace {
+
+Status ParseRunCommon(const kvarn_context_t* context, const kvarn_config_t* config,
+                      const kvarn_paged_kv_t* kv, const kvarn_launch_t* launch, Config* c,
+                      PagedKV* p, LaunchArgs* l) {
+  KVARN_RETURN_IF_ERROR(NeedContext(context));
+  KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, c));
+  KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, *c, p));
+  return kvarn::ParseLaunch(launch, l);
+}
+
+}  // namespace
+
+extern "C" {
+
+void kvarn_launch_defaults(kvarn_launch_t* launch) {
+  if (launch == nullptr) return;
+  std::memset(launch, 0, sizeof *launch);
+  launch->size = sizeof *launch;
+}
+
+void kvarn_attention_shape_defaults(kvarn_attention_shape_t* shape) {
+  if (shape == nullptr) return;
+  std::memset(shape, 0, sizeof *shape);
+  shape->size = sizeof *shape;
+  shape->num_kv_heads = 1;
+}
+
+kvarn_status_t kvarn_paged_append_run(kvarn_context_t* context, const kvarn_config_t* config,
+                                      const kvarn_paged_kv_t* kv, const kvarn_launch_t* launch,
+                                      const int32_t* token_indptr, const int32_t* slot_mapping,
+                                      size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                                      const void* v) {
+  return Guard([&]() -> Status {
+    Config c;
+    PagedKV p;
+    LaunchArgs l;
+    KVARN_RETURN_IF_ERROR(ParseRunCommon(context, config, kv, launch, &c, &p, &l));
+    return kvarn::OpPagedAppendRun(context->impl.get(), c, p, l, token_indptr, slot_mapping,
+                                   max_tokens, dtype, k, v);
+  });
+}
+
+kvarn_status_t kvarn_paged_flush_workspace_size(const kvarn_config_t* config, int32_t num_kv_heads,
+                                                size_t max_tiles, size_t* out_bytes) {
+  return Guard([&]() -> Status {
+    Config c;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
+    if (out_bytes == nullptr) return kvarn::InvalidArgument("out_bytes is NULL");
+    if (num_kv_heads <= 0) return kvarn::InvalidArgument("num_kv_heads must be >= 1");
+    if (max_tiles > 0x7fffffffu / static_cast<size_t>(num_kv_heads)) {
+      return kvarn::Unsupported("more than 2^31-1 records in one flush");
+    }
+    *out_bytes = kvarn::FlushWorkspaceBytes(c, num_kv_heads, max_tiles);
+    return Status::Ok();
+  });
+}
+
+kvarn_status_t kvarn_paged_flush_run(kvarn_context_t* context, const kvarn_config_t* config,
+                                     const kvarn_paged_kv_t* kv, const kvarn_launch_t* launch,
+                                     size_t max_tiles, const int32_t* n_tiles,
+                                     const int32_t* src_pages, const int32_t* dst_blocks,
+                                     const int32_t* tile_seqs) {
+  return Guard([&]() -> Status {
+    Config c;
+    PagedKV p;
+    LaunchArgs l;
+    KVARN_RETURN_IF_ERROR(ParseRunCommon(context, config, kv, launch, &c, &p, &l));
+    return kvarn::OpPagedFlushRun(context->impl.get(), c, p, l, max_tiles, n_tiles, src_pages,
+                                  dst_blocks, tile_seqs);
+  });
+}
+
+kvarn_status_t kvarn_attention_plan_create(kvarn_context_t* context, const kvarn_config_t* config,
+                                           const kvarn_attention_shape_t* shape,
+                                           const kvarn_attention_params_t* params,
+                                           kvarn_attention_plan_t** out_plan) {
+  return Guard([&]() -> Status {
+    if (out_plan == nullptr) return kvarn::InvalidArgument("out_plan is NULL");
+    KVARN_RETURN_IF_ERROR(NeedContext(context));
+    Config c;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
+    AttentionShape s;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseAttentionShape(shape, &s));
+    AttentionArgs a;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseAttentionParams(params, c, s.num_kv_heads, &a));
+    AttentionPlan plan;
+    KVARN_RETURN_IF_ERROR(kvarn::OpAttentionPlan(context->impl.get(), c, s, a, &plan));
+    auto* p = new kvarn_attention_plan{context, c, s, a, plan};
+    *out_plan = p;
+    return Status::Ok();
+  });
+}
+
+void kvarn_attention_plan_destroy(kvarn_attention_plan_t* plan) { delete plan; }
+
+kvarn_status_t kvarn_attention_plan_workspace_size(const kvarn_attention_plan_t* plan,
+                                                   size_t* out_bytes) {
+  return Guard([&]() -> Status {
+    if (plan == nullptr || out_bytes == nullptr) {
+      return kvarn::InvalidArgument("plan or out_bytes is NULL");
+    }
+    *out_bytes = plan->plan.workspace;
+    return Status::Ok();
+  });
+}
+
+kvarn_status_t kvarn_paged_attention_run(kvarn_context_t* context,
+                                         const kvarn_attention_plan_t* plan,
+                                         const kvarn_paged_kv_t* kv, const kvarn_launch_t* launch,
+                                         const int32_t* q_indptr, const void* q, void* out,
+                                         float* lse) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(context));
+    if (plan == nullptr) return kvarn::InvalidArgument("plan is NULL");
+    if (plan->context != context) {
+      return kvarn::InvalidArgument("the plan was made on another context");
+    }
+    PagedKV p;
+    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, plan->cfg, &p));
+    LaunchArgs l;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseLaunch(launch, &l));
+    return kvarn::OpPagedAttentionRun(context->impl.get(), plan->cfg, p, plan->shape, plan->args,
+                                      plan->plan, l, q_indptr, q, out, lse);
+  });
+}
+
+}  // extern "C"

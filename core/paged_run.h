@@ -1,0 +1,28 @@
+// The capturable form of layer 2 inside the core (kvarn.h "plan / run"): checks of the
+// arguments the host can see, then dispatch to the context's backend. Metadata lives in the
+// context's memory and is checked by the backends' kernels (data errors, per sequence).
+#pragma once
+
+#include "core/backend.h"
+
+namespace kvarn {
+
+// A NULL launch means the defaults (the context's stream, no status array, no workspace).
+Status ParseLaunch(const kvarn_launch_t* in, LaunchArgs* out);
+Status ParseAttentionShape(const kvarn_attention_shape_t* in, AttentionShape* out);
+
+Status OpAttentionPlan(Context* ctx, const Config& cfg, const AttentionShape& shape,
+                       const AttentionArgs& args, AttentionPlan* plan);
+Status OpPagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                        const LaunchArgs& launch, const int32_t* token_indptr,
+                        const int32_t* slot_mapping, size_t max_tokens, kvarn_dtype_t dtype,
+                        const void* k, const void* v);
+Status OpPagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+                       size_t max_tiles, const int32_t* n_tiles, const int32_t* src_pages,
+                       const int32_t* dst_blocks, const int32_t* tile_seqs);
+Status OpPagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                           const AttentionShape& shape, const AttentionArgs& args,
+                           const AttentionPlan& plan, const LaunchArgs& launch,
+                           const int32_t* q_indptr, const void* q, void* out, float* lse);
+
+}  // namespace kvarn

@@ -1,0 +1,7 @@
+# The capturable layer 2 (plan / run) on the CPU and, where a device exists, the GPU backend.
+kvarn_add_gtest(kvarn_test_paged_run
+  SOURCES test_paged_run.cpp
+  LABELS "attention;gpu")
+if(KVARN_ENABLE_HIP AND TARGET kvarn_test_paged_run)
+  target_compile_definitions(kvarn_test_paged_run PRIVATE KVT_GPU_BACKEND_ROCM=1)
+endif()
