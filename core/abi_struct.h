@@ -117,6 +117,25 @@ struct AbiStruct<kvarn_cache_options_t> {
 };
 
 template <>
+struct AbiStruct<kvarn_launch_t> {
+  using T = kvarn_launch_t;
+  static constexpr size_t kMinSize = sizeof(size_t);
+  static constexpr AbiField kFields[] = {KVARN_ABI_FIELD(T, stream), KVARN_ABI_FIELD(T, seq_status),
+                                         KVARN_ABI_FIELD(T, workspace),
+                                         KVARN_ABI_FIELD(T, workspace_bytes)};
+};
+
+template <>
+struct AbiStruct<kvarn_attention_shape_t> {
+  using T = kvarn_attention_shape_t;
+  static constexpr size_t kMinSize = sizeof(size_t);
+  static constexpr AbiField kFields[] = {
+      KVARN_ABI_FIELD(T, batch), KVARN_ABI_FIELD(T, num_kv_heads),
+      KVARN_ABI_FIELD(T, max_blocks_per_seq), KVARN_ABI_FIELD(T, max_q_per_seq),
+      KVARN_ABI_FIELD(T, max_total_q)};
+};
+
+template <>
 struct AbiStruct<kvarn_backend_info_t> {
   using T = kvarn_backend_info_t;
   static constexpr size_t kMinSize = sizeof(size_t);

@@ -126,6 +126,8 @@ TEST(StructAbi, EveryPublicStructIsDescribed) {
   CheckDescription<kvarn_paged_kv_t>(4);
   CheckDescription<kvarn_attention_params_t>(4);
   CheckDescription<kvarn_cache_options_t>(0);
+  CheckDescription<kvarn_launch_t>(0);
+  CheckDescription<kvarn_attention_shape_t>(0);
   CheckDescription<kvarn_backend_info_t>(4);
   CheckDescription<kvarn_cache_stats_t>(0);
   EXPECT_EQ(kvarn::AbiStruct<kvarn_cache_options_t>::kMinSize,
@@ -671,6 +673,128 @@ TEST_F(StructAbiPaged, ParamsLargerSizesAndSizeZero) {
   z.size = 0;
   EXPECT_TRUE(IsError(Attend(&kv, &z, &got), KVARN_ERR_INVALID_ARGUMENT, "params->size"));
   EXPECT_EQ(got, std::vector<float>(got.size(), 7.f));
+}
+
+// ---- kvarn_launch_t and kvarn_attention_shape_t (the capturable layer 2) ----------------------
+
+// Appends one token (K all 1.0) at the slot after sequence 1's last token, as the only token of
+// a two-sequence batch, owned by sequence 0 (token_indptr {0, 1, 1}). With a launch whose
+// seq_status[0] is already non-zero the call skips sequence 0 and writes nothing (kvarn.h).
+class StructAbiRun : public StructAbiPaged {
+ protected:
+  kvarn_status_t AppendOne(const kvarn_launch_t* launch) {
+    kvarn_paged_kv_t kv = pc_.View();
+    const int G = pc_.G;
+    const int tile = pc_.seq_lens[1] / G;
+    const int32_t page = pc_.block_table[static_cast<size_t>(pc_.max_blocks) + tile];
+    const int32_t slot = page * G + pc_.seq_lens[1] % G;
+    const int32_t indptr[3] = {0, 1, 1};
+    std::vector<float> k(2 * 64, 1.f), v(2 * 64, -1.f);
+    return kvarn_paged_append_run(ctx_.get(), &cfg_, &kv, launch, indptr, &slot, 1, KVARN_DTYPE_F32,
+                                  k.data(), v.data());
+  }
+  kvarn_launch_t StatusLaunch() {
+    kvarn_launch_t l;
+    kvarn_launch_defaults(&l);
+    l.seq_status = status_;
+    return l;
+  }
+  int32_t status_[2] = {KVARN_ERR_INVALID_ARGUMENT, 0};
+};
+
+TEST_F(StructAbiRun, LaunchCutBeforeSeqStatusUsesNoStatusArray) {
+  const std::vector<uint16_t> before = pc_.k_pages;
+  const kvarn_launch_t with_status = StatusLaunch();
+  KVT_ASSERT_OK(AppendOne(&with_status));
+  EXPECT_EQ(pc_.k_pages, before);  // sequence 0 had faulted: skipped
+  Guarded<kvarn_launch_t> cut(with_status, offsetof(kvarn_launch_t, seq_status));
+  KVT_ASSERT_OK(AppendOne(cut.get()));
+  EXPECT_NE(pc_.k_pages, before);  // seq_status past the size: NULL, the token is written
+}
+
+TEST_F(StructAbiRun, LaunchLargerSizesAndSizeZero) {
+  const std::vector<uint16_t> before = pc_.k_pages;
+  Larger<kvarn_launch_t> zero(StatusLaunch(), 16, 0);
+  KVT_ASSERT_OK(AppendOne(zero.get()));
+  EXPECT_EQ(pc_.k_pages, before);  // seq_status read, as with the exact size
+  Larger<kvarn_launch_t> nonzero(StatusLaunch(), 16, 0);
+  nonzero.SetTail(8, 3);
+  status_[0] = 0;
+  EXPECT_TRUE(IsError(AppendOne(nonzero.get()), KVARN_ERR_UNSUPPORTED, "launch->size"));
+  EXPECT_EQ(pc_.k_pages, before);
+  kvarn_launch_t z = StatusLaunch();
+  z.size = 0;
+  EXPECT_TRUE(IsError(AppendOne(&z), KVARN_ERR_INVALID_ARGUMENT, "launch->size"));
+  EXPECT_EQ(pc_.k_pages, before);
+  kvarn_launch_t plain = StatusLaunch();  // status_[0] is 0 now: the token is written
+  KVT_ASSERT_OK(AppendOne(&plain));
+  EXPECT_NE(pc_.k_pages, before);
+}
+
+kvarn_attention_shape_t ShapeOf(const kvt::PagedCache& pc, int32_t max_q_per_seq) {
+  kvarn_attention_shape_t s;
+  kvarn_attention_shape_defaults(&s);
+  s.batch = pc.batch;
+  s.num_kv_heads = pc.Hk;
+  s.max_blocks_per_seq = pc.max_blocks;
+  s.max_q_per_seq = max_q_per_seq;
+  s.max_total_q = 2 * max_q_per_seq;
+  return s;
+}
+
+struct PlanDeleter {
+  void operator()(kvarn_attention_plan_t* p) const { kvarn_attention_plan_destroy(p); }
+};
+using PlanPtr = std::unique_ptr<kvarn_attention_plan_t, PlanDeleter>;
+
+TEST_F(StructAbiRun, ShapeCutBeforeMaxQPerSeqMakesADecodePlan) {
+  const kvarn_paged_kv_t kv = pc_.View();
+  std::vector<float> want, got;
+  KVT_ASSERT_OK(Attend(&kv, &params_, &want));  // decode through kvarn_paged_attention
+  const kvarn_attention_shape_t extend = ShapeOf(pc_, 4);
+  kvarn_launch_t launch;
+  kvarn_launch_defaults(&launch);
+  auto run = [&](const kvarn_attention_shape_t* shape, std::vector<float>* out) {
+    kvarn_attention_plan_t* raw = nullptr;
+    const kvarn_status_t st = kvarn_attention_plan_create(ctx_.get(), &cfg_, shape, &params_, &raw);
+    if (st != KVARN_OK) return st;
+    PlanPtr plan(raw);
+    size_t ws = 0;
+    EXPECT_EQ(kvarn_attention_plan_workspace_size(plan.get(), &ws), KVARN_OK);
+    std::vector<uint8_t> workspace(ws);
+    launch.workspace = ws ? workspace.data() : nullptr;
+    launch.workspace_bytes = ws;
+    out->assign(2 * 4 * 64 + 2 * 4, 7.f);
+    return kvarn_paged_attention_run(ctx_.get(), plan.get(), &kv, &launch, nullptr, q_.data(),
+                                     out->data(), out->data() + 2 * 4 * 64);
+  };
+  // Read whole, the shape is an extend plan: it needs q_indptr.
+  EXPECT_TRUE(IsError(run(&extend, &got), KVARN_ERR_INVALID_ARGUMENT, "q_indptr"));
+  // Cut before max_q_per_seq: max_q_per_seq 0 (decode), and the result is plain decode's.
+  Guarded<kvarn_attention_shape_t> cut(extend, offsetof(kvarn_attention_shape_t, max_q_per_seq));
+  KVT_ASSERT_OK(run(cut.get(), &got));
+  EXPECT_EQ(got, want);
+  // Larger with a zero tail: the same plan as the exact size.
+  const kvarn_attention_shape_t decode = ShapeOf(pc_, 0);
+  Larger<kvarn_attention_shape_t> zero(decode, 8, 0);
+  KVT_ASSERT_OK(run(zero.get(), &got));
+  EXPECT_EQ(got, want);
+}
+
+TEST_F(StructAbiRun, ShapeLargerWithNonZeroTailAndSizeZeroAreRefused) {
+  const kvarn_attention_shape_t decode = ShapeOf(pc_, 0);
+  kvarn_attention_plan_t* const sentinel = reinterpret_cast<kvarn_attention_plan_t*>(0x4321);
+  kvarn_attention_plan_t* raw = sentinel;
+  Larger<kvarn_attention_shape_t> nonzero(decode, 8, 0);
+  nonzero.SetTail(0, 1);
+  EXPECT_TRUE(IsError(kvarn_attention_plan_create(ctx_.get(), &cfg_, nonzero.get(), &params_, &raw),
+                      KVARN_ERR_UNSUPPORTED, "shape->size"));
+  EXPECT_EQ(raw, sentinel);
+  kvarn_attention_shape_t z = decode;
+  z.size = 0;
+  EXPECT_TRUE(IsError(kvarn_attention_plan_create(ctx_.get(), &cfg_, &z, &params_, &raw),
+                      KVARN_ERR_INVALID_ARGUMENT, "shape->size"));
+  EXPECT_EQ(raw, sentinel);
 }
 
 // ---- output structs: kvarn_backend_info_t, kvarn_cache_stats_t ---------------------------------

@@ -91,9 +91,9 @@ static int kvarn_java_out_array(JNIEnv* jenv, jarray array) {
 /* Unsigned #define constants (1u) are not Java literals: read them through JNI. */
 %javaconst(0) KVARN_CODEC_DEFAULT;
 %javaconst(0) KVARN_CODEC_CACHE_FRAME;
-%javaconst(0) KVARN_ABLATE_NONE;
-%javaconst(0) KVARN_ABLATE_NO_ROTATION;
-%javaconst(0) KVARN_ABLATE_NO_NORMALIZATION;
+%javaconst(0) KVARN_ABLATE_NONE;             /* kvarn_experimental.h */
+%javaconst(0) KVARN_ABLATE_NO_ROTATION;      /* kvarn_experimental.h */
+%javaconst(0) KVARN_ABLATE_NO_NORMALIZATION; /* kvarn_experimental.h */
 %javaconst(0) KVARN_APPEND_DEFAULT;
 %javaconst(0) KVARN_APPEND_SPECULATIVE;
 %javaconst(0) KVARN_VERSION_NUMBER;
@@ -284,6 +284,14 @@ KVARN_JAVA_STRUCT(kvarn_attention_shape, kvarn_attention_shape_t,
 %ignore kvarn_context_options::stream;
 
 %include "../swig/kvarn.i"
+
+/* The experimental entry points (ablation flags, baseline quantizers: Config.ABLATE_*,
+ * KvarnNative.baseline_roundtrip for the self-test): kvarn/kvarn_experimental.h, outside the
+ * stability promises of kvarn.h. */
+%{
+#include "kvarn/kvarn_experimental.h"
+%}
+%include "kvarn/kvarn_experimental.h"
 
 /* kvarn_paged_append_run / kvarn_paged_flush_run with every array a direct buffer (context
  * memory), under their usual names. */

@@ -22,6 +22,10 @@ Names:
 - ``fp8_e4m3``: fp8 e4m3 per token with an fp16 scale absmax/448 (``kvarn.baseline_roundtrip(x,
   "fp8_e4m3")``).
 
+The ablation flags (``kvarn.ABLATE_*``) and ``kvarn.baseline_roundtrip`` are the library's
+experimental entry points (C header ``kvarn/kvarn_experimental.h``): no stability promise, they may
+change in any release (the report records the library version and commit it ran with).
+
 Bytes per token per KV head (K and V together), the convention of every table:
 record methods (kvarn, had_rtn, kivi): ``record_bytes / G`` (the stored record, which carries
 the same scale vectors whatever the flags: KIVI and Hadamard+RTN would need 2G bytes fewer per

@@ -871,7 +871,9 @@ def render(results: Dict[str, Any], args: argparse.Namespace) -> str:
         "run from the repository root with `PYTHONPATH=<build>/bindings/python:.`). Every "
         "quantized cache is computed by libkvarn itself: KVarN and the record-format baselines "
         "by `kvarn.Context.quantize`/`dequantize` with ablation flags, per-token RTN and fp8 by "
-        "`kvarn.baseline_roundtrip` (eval/accuracy/methods.py).\n")
+        "`kvarn.baseline_roundtrip` (eval/accuracy/methods.py); the ablation flags and the "
+        "baseline quantizers are the library's experimental entry points "
+        "(`kvarn/kvarn_experimental.h`, no stability promise).\n")
 
     # ---------------------------------------------------------------- summary / targets
     add("## Summary\n")

@@ -55,6 +55,8 @@ class RecordField(enum.IntEnum):
     V_ZERO = capi.FIELD_V_ZERO
 
 
+# Experimental (kvarn/kvarn_experimental.h: no stability promise, may change in any release):
+# the values of Config.key_flags / value_flags; 0 is their only stable value.
 ABLATE_NONE: int = capi.ABLATE_NONE
 ABLATE_NO_ROTATION: int = capi.ABLATE_NO_ROTATION
 ABLATE_NO_NORMALIZATION: int = capi.ABLATE_NO_NORMALIZATION

@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# Generates src/bindings.rs, the raw FFI of kvarn-sys, from capi/include/kvarn/kvarn.h with
-# Debian's bindgen (apt package `bindgen`, 0.60). The output is committed.
+# Generates src/bindings.rs, the raw FFI of kvarn-sys, from capi/include/kvarn/kvarn.h and
+# capi/include/kvarn/kvarn_experimental.h (bindgen reads the experimental header, which includes
+# kvarn.h: kvarn.h's items come first, then the experimental ones, the KVARN_ABLATE_* flags and
+# kvarn_baseline_roundtrip) with Debian's bindgen (apt package `bindgen`, 0.60). The output is
+# committed.
 #
 #   bindings/rust/kvarn-sys/regen.sh           rewrite src/bindings.rs
 #   bindings/rust/kvarn-sys/regen.sh --check   regenerate into a temporary file and fail (exit 1)
@@ -18,7 +21,10 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(cd "$here/../../.." && pwd)"
-header="$root/capi/include/kvarn/kvarn.h"
+# KVARN_INCLUDE_DIR: another include directory holding kvarn/kvarn.h and kvarn_experimental.h
+# (e.g. the committed headers, exported while kvarn.h has uncommitted edits).
+include_dir="${KVARN_INCLUDE_DIR:-$root/capi/include}"
+header="$include_dir/kvarn/kvarn_experimental.h"
 committed="$here/src/bindings.rs"
 BINDGEN="${BINDGEN:-bindgen}"
 
@@ -47,7 +53,7 @@ trap 'rm -rf "$tmp"' EXIT
   --allowlist-type 'kvarn_.*' \
   --allowlist-var 'KVARN_.*' \
   -o "$tmp/raw.rs" \
-  -- -I"$root/capi/include" -std=c99
+  -- -I"$include_dir" -std=c99
 
 # Formatting for readability only; the check ignores whitespace.
 format() {
@@ -71,10 +77,11 @@ fi
 # Whitespace and the trailing commas rustfmt adds before a closing bracket are not content.
 tokens() { tr -d ' \t\r\n' <"$1" | sed -e 's/,)/)/g' -e 's/,}/}/g' -e 's/,]/]/g'; }
 if cmp -s <(tokens "$tmp/raw.rs") <(tokens "$committed"); then
-  echo "regen.sh: src/bindings.rs matches the bindgen output for kvarn.h"
+  echo "regen.sh: src/bindings.rs matches the bindgen output for kvarn.h + kvarn_experimental.h"
   exit 0
 fi
-echo "regen.sh: src/bindings.rs differs from the bindgen output for kvarn.h:" >&2
+echo "regen.sh: src/bindings.rs differs from the bindgen output for kvarn.h +" \
+  "kvarn_experimental.h:" >&2
 format "$tmp/raw.rs" "$tmp/fresh.rs"
 diff -u "$committed" "$tmp/fresh.rs" >&2 || true
 echo "regen.sh: run bindings/rust/kvarn-sys/regen.sh and commit src/bindings.rs (and make sure" >&2

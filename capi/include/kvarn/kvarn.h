@@ -26,11 +26,12 @@
  * padding), or zero them and set size. A newer library reads an older, smaller struct, and an
  * older library a newer, larger one:
  *   - Input structs (kvarn_context_options_t, kvarn_config_t, kvarn_paged_kv_t,
- *     kvarn_attention_params_t, kvarn_cache_options_t, and the other option structs below): a
- *     field is read when it lies wholly within `size`; a field past `size` (or cut by it) takes
- *     the default its *_defaults() function gives. Bytes past the library's own sizeof must be
- *     zero (fields of a newer header left unset): if one is not, the call fails with
- *     KVARN_ERR_UNSUPPORTED (the caller asked for something this library does not know).
+ *     kvarn_attention_params_t, kvarn_launch_t, kvarn_attention_shape_t,
+ *     kvarn_cache_options_t): a field is read when it lies wholly within `size`; a field past
+ *     `size` (or cut by it) takes the default its *_defaults() function gives. Bytes past the
+ *     library's own sizeof must be zero (fields of a newer header left unset): if one is not,
+ *     the call fails with KVARN_ERR_UNSUPPORTED (the caller asked for something this library
+ *     does not know).
  *   - Output structs (kvarn_backend_info_t, kvarn_cache_stats_t): the library writes the fields
  *     that lie wholly within `size`, zeroes the caller's other bytes up to `size` (fields this
  *     library does not know read as 0) and leaves `size` as it was.

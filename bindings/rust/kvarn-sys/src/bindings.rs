@@ -5,13 +5,13 @@ pub const KVARN_VERSION_MINOR: u32 = 1;
 pub const KVARN_VERSION_PATCH: u32 = 0;
 pub const KVARN_ABI_VERSION: u32 = 0;
 pub const KVARN_VERSION_NUMBER: u32 = 100;
-pub const KVARN_ABLATE_NONE: u32 = 0;
-pub const KVARN_ABLATE_NO_ROTATION: u32 = 1;
-pub const KVARN_ABLATE_NO_NORMALIZATION: u32 = 2;
 pub const KVARN_CODEC_DEFAULT: u32 = 0;
 pub const KVARN_CODEC_CACHE_FRAME: u32 = 1;
 pub const KVARN_APPEND_DEFAULT: u32 = 0;
 pub const KVARN_APPEND_SPECULATIVE: u32 = 1;
+pub const KVARN_ABLATE_NONE: u32 = 0;
+pub const KVARN_ABLATE_NO_ROTATION: u32 = 1;
+pub const KVARN_ABLATE_NO_NORMALIZATION: u32 = 2;
 pub type __int32_t = ::std::os::raw::c_int;
 pub type __uint32_t = ::std::os::raw::c_uint;
 pub type __int64_t = ::std::os::raw::c_long;
@@ -660,21 +660,6 @@ extern "C" {
         v_out: *mut ::std::os::raw::c_void,
     ) -> kvarn_status_t;
 }
-pub const KVARN_BASELINE_PER_TOKEN_RTN: kvarn_baseline = 0;
-pub const KVARN_BASELINE_FP8_E4M3: kvarn_baseline = 1;
-pub const KVARN_BASELINE_SENTINEL_: kvarn_baseline = 2147483647;
-pub type kvarn_baseline = ::std::os::raw::c_uint;
-pub use self::kvarn_baseline as kvarn_baseline_t;
-extern "C" {
-    pub fn kvarn_baseline_roundtrip(
-        method: kvarn_baseline_t,
-        bits: i32,
-        rows: usize,
-        cols: i32,
-        in_: *const f32,
-        out: *mut f32,
-    ) -> kvarn_status_t;
-}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kvarn_paged_kv {
@@ -1123,6 +1108,317 @@ extern "C" {
 }
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
+pub struct kvarn_launch {
+    pub size: usize,
+    pub stream: *mut ::std::os::raw::c_void,
+    pub seq_status: *mut i32,
+    pub workspace: *mut ::std::os::raw::c_void,
+    pub workspace_bytes: usize,
+}
+#[test]
+fn bindgen_test_layout_kvarn_launch() {
+    assert_eq!(
+        ::std::mem::size_of::<kvarn_launch>(),
+        40usize,
+        concat!("Size of: ", stringify!(kvarn_launch))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kvarn_launch>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kvarn_launch))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_stream() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).stream) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(stream)
+            )
+        );
+    }
+    test_field_stream();
+    fn test_field_seq_status() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).seq_status) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(seq_status)
+            )
+        );
+    }
+    test_field_seq_status();
+    fn test_field_workspace() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).workspace) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(workspace)
+            )
+        );
+    }
+    test_field_workspace();
+    fn test_field_workspace_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).workspace_bytes) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(workspace_bytes)
+            )
+        );
+    }
+    test_field_workspace_bytes();
+}
+pub type kvarn_launch_t = kvarn_launch;
+extern "C" {
+    pub fn kvarn_launch_defaults(launch: *mut kvarn_launch_t);
+}
+extern "C" {
+    pub fn kvarn_paged_append_run(
+        context: *mut kvarn_context_t,
+        config: *const kvarn_config_t,
+        kv: *const kvarn_paged_kv_t,
+        launch: *const kvarn_launch_t,
+        token_indptr: *const i32,
+        slot_mapping: *const i32,
+        max_tokens: usize,
+        dtype: kvarn_dtype_t,
+        k: *const ::std::os::raw::c_void,
+        v: *const ::std::os::raw::c_void,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_flush_workspace_size(
+        config: *const kvarn_config_t,
+        num_kv_heads: i32,
+        max_tiles: usize,
+        out_bytes: *mut usize,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_flush_run(
+        context: *mut kvarn_context_t,
+        config: *const kvarn_config_t,
+        kv: *const kvarn_paged_kv_t,
+        launch: *const kvarn_launch_t,
+        max_tiles: usize,
+        n_tiles: *const i32,
+        src_pages: *const i32,
+        dst_blocks: *const i32,
+        tile_seqs: *const i32,
+    ) -> kvarn_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvarn_attention_shape {
+    pub size: usize,
+    pub batch: i32,
+    pub num_kv_heads: i32,
+    pub max_blocks_per_seq: i32,
+    pub max_q_per_seq: i32,
+    pub max_total_q: i64,
+}
+#[test]
+fn bindgen_test_layout_kvarn_attention_shape() {
+    assert_eq!(
+        ::std::mem::size_of::<kvarn_attention_shape>(),
+        32usize,
+        concat!("Size of: ", stringify!(kvarn_attention_shape))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kvarn_attention_shape>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kvarn_attention_shape))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_attention_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_attention_shape),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_batch() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_attention_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).batch) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_attention_shape),
+                "::",
+                stringify!(batch)
+            )
+        );
+    }
+    test_field_batch();
+    fn test_field_num_kv_heads() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_attention_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_kv_heads) as usize - ptr as usize
+            },
+            12usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_attention_shape),
+                "::",
+                stringify!(num_kv_heads)
+            )
+        );
+    }
+    test_field_num_kv_heads();
+    fn test_field_max_blocks_per_seq() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_attention_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_blocks_per_seq) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_attention_shape),
+                "::",
+                stringify!(max_blocks_per_seq)
+            )
+        );
+    }
+    test_field_max_blocks_per_seq();
+    fn test_field_max_q_per_seq() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_attention_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_q_per_seq) as usize - ptr as usize
+            },
+            20usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_attention_shape),
+                "::",
+                stringify!(max_q_per_seq)
+            )
+        );
+    }
+    test_field_max_q_per_seq();
+    fn test_field_max_total_q() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_attention_shape>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_total_q) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_attention_shape),
+                "::",
+                stringify!(max_total_q)
+            )
+        );
+    }
+    test_field_max_total_q();
+}
+pub type kvarn_attention_shape_t = kvarn_attention_shape;
+extern "C" {
+    pub fn kvarn_attention_shape_defaults(shape: *mut kvarn_attention_shape_t);
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvarn_attention_plan {
+    _unused: [u8; 0],
+}
+pub type kvarn_attention_plan_t = kvarn_attention_plan;
+extern "C" {
+    pub fn kvarn_attention_plan_create(
+        context: *mut kvarn_context_t,
+        config: *const kvarn_config_t,
+        shape: *const kvarn_attention_shape_t,
+        params: *const kvarn_attention_params_t,
+        out_plan: *mut *mut kvarn_attention_plan_t,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_attention_plan_destroy(plan: *mut kvarn_attention_plan_t);
+}
+extern "C" {
+    pub fn kvarn_attention_plan_workspace_size(
+        plan: *const kvarn_attention_plan_t,
+        out_bytes: *mut usize,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_attention_run(
+        context: *mut kvarn_context_t,
+        plan: *const kvarn_attention_plan_t,
+        kv: *const kvarn_paged_kv_t,
+        launch: *const kvarn_launch_t,
+        q_indptr: *const i32,
+        q: *const ::std::os::raw::c_void,
+        out: *mut ::std::os::raw::c_void,
+        lse: *mut f32,
+    ) -> kvarn_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
 pub struct kvarn_cache {
     _unused: [u8; 0],
 }
@@ -1546,5 +1842,20 @@ extern "C" {
         seq_id: i64,
         blob: *const ::std::os::raw::c_void,
         blob_bytes: usize,
+    ) -> kvarn_status_t;
+}
+pub const KVARN_BASELINE_PER_TOKEN_RTN: kvarn_baseline = 0;
+pub const KVARN_BASELINE_FP8_E4M3: kvarn_baseline = 1;
+pub const KVARN_BASELINE_SENTINEL_: kvarn_baseline = 2147483647;
+pub type kvarn_baseline = ::std::os::raw::c_uint;
+pub use self::kvarn_baseline as kvarn_baseline_t;
+extern "C" {
+    pub fn kvarn_baseline_roundtrip(
+        method: kvarn_baseline_t,
+        bits: i32,
+        rows: usize,
+        cols: i32,
+        in_: *const f32,
+        out: *mut f32,
     ) -> kvarn_status_t;
 }

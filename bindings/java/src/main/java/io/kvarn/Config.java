@@ -20,11 +20,14 @@ import java.util.Objects;
  * }</pre>
  */
 public final class Config {
-  /** Ablation flag: no ablation. */
+  // The ABLATE_* values come from kvarn/kvarn_experimental.h: experimental, no stability promise
+  // (they may change in any release); ABLATE_NONE (0) is the only stable value.
+
+  /** Ablation flag: no ablation (the KVarN algorithm; the only stable value). */
   public static final int ABLATE_NONE = 0;
-  /** Ablation flag: the cache holds unrotated vectors. */
+  /** Ablation flag (experimental): the cache holds unrotated vectors. */
   public static final int ABLATE_NO_ROTATION = 1;
-  /** Ablation flag: no Sinkhorn passes, plain per-row round to nearest. */
+  /** Ablation flag (experimental): no Sinkhorn passes, plain per-row round to nearest. */
   public static final int ABLATE_NO_NORMALIZATION = 2;
 
   private final int headDim;

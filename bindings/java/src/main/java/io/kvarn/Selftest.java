@@ -67,6 +67,7 @@ final class Selftest {
     double kErr = Reference.relativeL2(Reference.array(k2), kv[0]);
     double vErr = Reference.relativeL2(Reference.array(v2), kv[1]);
     FloatBuffer rtn = Reference.floats(kv[0].length);
+    // kvarn_baseline_roundtrip: kvarn/kvarn_experimental.h (no stability promise).
     KvarnNative.baseline_roundtrip(io.kvarn.internal.baseline_t.BASELINE_PER_TOKEN_RTN, c.keyBits(),
         (long) tiles * g, d, k, rtn);
     double rtnErr = Reference.relativeL2(Reference.array(rtn), kv[0]);
