@@ -10,7 +10,7 @@
 namespace kvarn {
 namespace {
 
-// The named presets of ALGORITHM.md section 2 (any k<b>v<b>_g<G> also parses).
+// The named presets of docs/FORMAT.md section 2 (any k<b>v<b>_g<G> also parses).
 const char* const kPresets[] = {"k4v2_g128", "k4v2_g64",  "k4v4_g128",
                                 "k4v4_g64",  "k2v2_g128", "k8v8_g128"};
 

@@ -1,6 +1,6 @@
 // Layer 1 through the public API: quantize / dequantize round trips for every bit width, tile
 // size and head dim, dtypes, record strides, the cache frame, ablations, determinism, thread
-// independence, and failures that must leave the output untouched (ALGORITHM.md sections 3-7).
+// independence, and failures that must leave the output untouched (docs/FORMAT.md sections 3-7).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -432,7 +432,7 @@ TEST_P(Ablation, RotationFlagsApplyPerTensor) {
 
 TEST_P(Ablation, NoNormalizationStoresUnitScalesAndPlainRtnCodes) {
   // Without normalization: token scales c (K) and channel scales c' (V) are exactly 1.0, and the
-  // codes are plain per-row RTN of the cache-frame tile (ALGORITHM.md section 5).
+  // codes are plain per-row RTN of the cache-frame tile (docs/FORMAT.md section 5).
   const int D = GetParam();
   KVT_SEEDED_RNG(rng, 0);
   auto ctx = kvt::MakeCpuContext();
@@ -507,7 +507,7 @@ INSTANTIATE_TEST_SUITE_P(HeadDims, Ablation, ::testing::Values(64, 128, 256, 512
                          [](const auto& p) { return "D" + std::to_string(p.param); });
 
 TEST(Normalization, ReducesTheErrorOnOutlierTokens) {
-  // What KVarN is for (ALGORITHM.md section 1): with rare large tokens, normalization lowers the
+  // What KVarN is for (docs/FORMAT.md section 1): with rare large tokens, normalization lowers the
   // reconstruction error compared with plain RTN.
   KVT_SEEDED_RNG(rng, 0);
   auto ctx = kvt::MakeCpuContext();

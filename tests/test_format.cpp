@@ -1,4 +1,4 @@
-// Record sizes and field offsets, presets and configuration checks (ALGORITHM.md sections 2 and
+// Record sizes and field offsets, presets and configuration checks (docs/FORMAT.md sections 2 and
 // 7), through the public API only.
 #include <gtest/gtest.h>
 
@@ -59,7 +59,7 @@ TEST_P(RecordLayout, FieldsAreContiguousInSpecOrder) {
   const LayoutParam p = GetParam();
   const kvarn_config_t c = MakeConfig(p.D, p.G, p.kb, p.vb);
   const size_t D = p.D, G = p.G;
-  // ALGORITHM.md section 7, in storage order.
+  // docs/FORMAT.md section 7, in storage order.
   const size_t want_bytes[KVARN_FIELD_COUNT] = {D * G * p.kb / 8, 2 * D, 2 * D, 2 * G,
                                                 G * D * p.vb / 8, 2 * D, 2 * G, 2 * G};
   size_t expect_off = 0;

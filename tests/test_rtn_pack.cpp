@@ -1,4 +1,4 @@
-// Round-to-nearest per row (ALGORITHM.md section 5), scale absorption (section 6) and bit
+// Round-to-nearest per row (docs/FORMAT.md section 5), scale absorption (section 6) and bit
 // packing (section 7): the CPU reference pieces, then the same through a real kvarn_quantize of
 // crafted tiles whose codes and bytes are known in advance.
 #include <gtest/gtest.h>
@@ -106,7 +106,7 @@ TEST(Rtn, CodesSpanTheRangeAndStayClamped) {
 
 TEST(Absorption, StoresRowScaleTimesStepAndZeroAsFp16) {
   // a = fp16(s_r * step), z = fp16(s_r * lo), c = fp16(s_c), with s_r, s_c from NormalizeTile and
-  // lo, step from RTN of the balanced tile (ALGORITHM.md section 6).
+  // lo, step from RTN of the balanced tile (docs/FORMAT.md section 6).
   KVT_SEEDED_RNG(rng, 0);
   for (int bits : {2, 4, 8}) {
     const int R = 128, C = 64;

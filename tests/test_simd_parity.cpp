@@ -1,7 +1,8 @@
-// CPU SIMD levels against the scalar reference (TARGETS.md: identical record bytes at every ISA
-// level the host has; attention within the CPU tolerance). Each test runs one SIMD level through
-// the public ISA cap (kvarn_set_max_cpu_isa + a new context) and skips levels this host or build
-// lacks. Inputs are fresh seeded random tensors with the structure of real caches (never zeros).
+// CPU SIMD levels against the scalar reference (docs/FORMAT.md section 10: identical record bytes
+// at every ISA level the host has; attention within the CPU tolerance). Each test runs one SIMD
+// level through the public ISA cap (kvarn_set_max_cpu_isa + a new context) and skips levels this
+// host or build lacks. Inputs are fresh seeded random tensors with the structure of real caches
+// (never zeros).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,8 +12,8 @@
 #include <vector>
 
 #include "kvarn/kvarn.h"
-#include "support/attention_check.h"
 #include "kvarn/kvarn_experimental.h"
+#include "support/attention_check.h"
 #include "support/fp.h"
 #include "support/kvarn_test.h"
 #include "support/reference.h"
@@ -370,7 +371,7 @@ TEST_P(PagedParity, SameCacheBytesAndAttentionWithinToleranceForAnyThreadCount) 
   const size_t n = got.q.total * got.Hq * c.D;
   EXPECT_LE(kvt::OutputDistance(ref, out2, n), 1e-4) << "SIMD vs scalar reference";
   const kvt::AttnErrors e = kvt::CompareWithReference(simd.get(), got.pc, got.q, got.Hq, 0.f, out2);
-  EXPECT_LE(e.worst_row, 1e-3);  // TARGETS.md, CPU
+  EXPECT_LE(e.worst_row, 1e-3);  // docs/FORMAT.md section 10, CPU
   EXPECT_LE(e.worst_lse, 1e-4);
   // Thread counts 1 and 3 give the same bits as 2.
   ContextPtr one = IsaContext(c.isa, 1), three = IsaContext(c.isa, 3);

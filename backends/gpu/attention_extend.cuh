@@ -30,6 +30,9 @@
 #error "attention_extend.cuh is CUDA-only (inline PTX; 32-lane mma.sync/ldmatrix tiles)"
 #endif
 
+// The decode kernel's fragments, ring constants and code unpacking (mma::).
+#include "backends/gpu/attention_mma.cuh"
+
 namespace kvarn {
 namespace gpu {
 namespace ext {

@@ -7,8 +7,11 @@
 //
 //   bench_decode_step [--batch B] [--ctx N] [--layers L] [--steps S]
 //
-// Prints steps per second eager and replayed, the host time per eager step (launch overhead),
-// and the device time per layer.
+// Modes: host-list (kvarn_paged_append / kvarn_paged_flush / kvarn_paged_attention, the flush
+// waiting for the device per layer), eager (the run calls, no waits), graph (one replay per
+// step), graph-nf (the same graph when no tile completes: the device count is 0). Prints the
+// time per step of back-to-back steps (steps per second), the host time to enqueue one step on
+// an idle queue, and attention alone per layer.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -143,6 +146,9 @@ int main(int argc, char** argv) {
   void* d_indptr = Upload(ctx, indptr);
   void* d_slots = Upload(ctx, slots);
   void* d_count = Upload(ctx, std::vector<int32_t>{1});
+  void* d_no_flush = Upload(ctx, std::vector<int32_t>{0});
+  std::vector<int32_t> lens_before(B, ctx_len - 1);
+  void* d_lens_before = Upload(ctx, lens_before);
   void* d_src = Upload(ctx, std::vector<int32_t>(B, 1));
   void* d_dst = Upload(ctx, std::vector<int32_t>(B, blocks - 1));
   void* d_seq = Upload(ctx, std::vector<int32_t>(B, 0));
@@ -213,6 +219,23 @@ int main(int argc, char** argv) {
       CHECK_KV(kvarn_paged_attention_run(ctx, plan, &kv, &launch, nullptr, d_q, d_out, nullptr));
     }
   };
+  // The same step through the host-list calls (the API before the run calls): append at
+  // seq_lens (one length array before, one after), a host flush list (the call waits for the
+  // device to report), host-sized attention.
+  kvarn_paged_kv_t kv_before = kv;
+  kv_before.seq_lens = static_cast<const int32_t*>(d_lens_before);
+  const int32_t flush_src = 1, flush_dst = blocks - 1;
+  size_t host_ws = 0;
+  CHECK_KV(kvarn_paged_attention_workspace_size(ctx, &cfg, &kv, &ap, B, &host_ws));
+  void* d_host_ws = Alloc(ctx, host_ws + 256);
+  auto host_list_step = [&] {
+    for (int l = 0; l < layers; ++l) {
+      CHECK_KV(kvarn_paged_append(ctx, &cfg, &kv_before, indptr.data(), KVARN_DTYPE_F16, d_k, d_v));
+      CHECK_KV(kvarn_paged_flush(ctx, &cfg, &kv, 1, &flush_src, &flush_dst));
+      CHECK_KV(kvarn_paged_attention(ctx, &cfg, &kv, &ap, d_q, d_out, nullptr, d_host_ws,
+                                     host_ws + 256));
+    }
+  };
   // Attention alone, for the per-layer comparison with the fp16 baseline.
   auto attention_only = [&] {
     for (int l = 0; l < layers; ++l) {
@@ -222,29 +245,38 @@ int main(int argc, char** argv) {
   cudaEvent_t e0, e1;
   CHECK_CUDA(cudaEventCreate(&e0));
   CHECK_CUDA(cudaEventCreate(&e1));
+  // Device time per step (back-to-back steps), and the host time to enqueue one step when the
+  // queue is empty (what a step costs the CPU, not hidden behind a full launch queue).
   auto time_it = [&](auto&& body, double* host_ms) {
     body();  // warm up
     CHECK_CUDA(cudaStreamSynchronize(stream));
+    CHECK_KV(kvarn_context_synchronize(ctx));
+    std::vector<double> enqueue;
+    for (int rep = 0; rep < 7; ++rep) {
+      const auto h0 = std::chrono::steady_clock::now();
+      body();
+      const auto h1 = std::chrono::steady_clock::now();
+      enqueue.push_back(std::chrono::duration<double, std::milli>(h1 - h0).count());
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      CHECK_KV(kvarn_context_synchronize(ctx));
+    }
+    std::sort(enqueue.begin(), enqueue.end());
     std::vector<float> ms;
-    std::vector<double> host;
     for (int rep = 0; rep < 5; ++rep) {
-      CHECK_CUDA(cudaEventRecord(e0, stream));
       const auto h0 = std::chrono::steady_clock::now();
       for (int s = 0; s < steps; ++s) body();
+      CHECK_CUDA(cudaStreamSynchronize(stream));
+      CHECK_KV(kvarn_context_synchronize(ctx));
       const auto h1 = std::chrono::steady_clock::now();
-      CHECK_CUDA(cudaEventRecord(e1, stream));
-      CHECK_CUDA(cudaEventSynchronize(e1));
-      float t;
-      CHECK_CUDA(cudaEventElapsedTime(&t, e0, e1));
-      ms.push_back(t / steps);
-      host.push_back(std::chrono::duration<double, std::milli>(h1 - h0).count() / steps);
+      ms.push_back(
+          static_cast<float>(std::chrono::duration<double, std::milli>(h1 - h0).count() / steps));
     }
     std::sort(ms.begin(), ms.end());
-    std::sort(host.begin(), host.end());
-    if (host_ms) *host_ms = host[host.size() / 2];
+    if (host_ms) *host_ms = enqueue[enqueue.size() / 2];
     return static_cast<double>(ms[ms.size() / 2]);
   };
-  double eager_host = 0, graph_host = 0;
+  double eager_host = 0, graph_host = 0, list_host = 0, nf_host = 0;
+  const double host_list = time_it(host_list_step, &list_host);
   const double eager = time_it(step, &eager_host);
   const double attn = time_it(attention_only, nullptr);
   cudaGraph_t graph;
@@ -256,6 +288,9 @@ int main(int argc, char** argv) {
   size_t nodes = 0;
   CHECK_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
   const double replay = time_it([&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }, &graph_host);
+  // The same graph when no tile completes (the device count is 0): most steps of a batch.
+  CHECK_CUDA(cudaMemcpy(d_count, d_no_flush, 4, cudaMemcpyDeviceToDevice));
+  const double replay_nf = time_it([&] { CHECK_CUDA(cudaGraphLaunch(exec, stream)); }, &nf_host);
   CHECK_KV(kvarn_context_synchronize(ctx));
   std::vector<int32_t> status(B);
   CHECK_KV(kvarn_memory_copy(ctx, status.data(), d_status, B * 4, KVARN_COPY_DEVICE_TO_HOST));
@@ -271,16 +306,20 @@ int main(int argc, char** argv) {
       "decode step: batch %d, context %d, %d layers (append + flush of one tile + "
       "attention per layer), %zu graph nodes\n",
       B, ctx_len, layers, nodes);
-  std::printf("%-8s %12s %12s %14s %14s\n", "mode", "ms/step", "steps/s", "host ms/step",
+  std::printf("%-10s %12s %12s %14s %14s\n", "mode", "ms/step", "steps/s", "host ms/step",
               "ms/layer");
-  std::printf("%-8s %12.3f %12.1f %14.3f %14.4f\n", "eager", eager, 1e3 / eager, eager_host,
+  std::printf("%-10s %12.3f %12.1f %14.3f %14.4f\n", "host-list", host_list, 1e3 / host_list,
+              list_host, host_list / layers);
+  std::printf("%-10s %12.3f %12.1f %14.3f %14.4f\n", "eager", eager, 1e3 / eager, eager_host,
               eager / layers);
-  std::printf("%-8s %12.3f %12.1f %14.3f %14.4f\n", "graph", replay, 1e3 / replay, graph_host,
+  std::printf("%-10s %12.3f %12.1f %14.3f %14.4f\n", "graph", replay, 1e3 / replay, graph_host,
               replay / layers);
+  std::printf("%-10s %12.3f %12.1f %14.3f %14.4f\n", "graph-nf", replay_nf, 1e3 / replay_nf,
+              nf_host, replay_nf / layers);
   std::printf("attention alone: %.4f ms/layer, %.2f TB/s over %.1f MB per layer\n", attn / layers,
               bytes / (attn / layers * 1e-3) / 1e12, bytes / 1e6);
-  std::printf("csv,decode_step,%d,%d,%d,%.5f,%.5f,%.5f,%.5f,%.5f\n", B, ctx_len, layers, eager,
-              replay, eager_host, graph_host, attn / layers);
+  std::printf("csv,decode_step,%d,%d,%d,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f,%.5f\n", B, ctx_len, layers,
+              host_list, eager, replay, replay_nf, list_host, eager_host, graph_host);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   kvarn_attention_plan_destroy(plan);

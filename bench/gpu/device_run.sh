@@ -97,6 +97,11 @@ if [[ $mode == *sanitize* || $mode == all ]]; then
     compute-sanitizer --tool $tool --error-exitcode 9 build/dev/tests/kvarn_test_paged_run \
       --gtest_filter='*cuda*' >"$OUT/sanitize_${tool}_paged_run.log" 2>&1
     summary+=("compute-sanitizer $tool paged_run rc=$?: $(grep -E 'SUMMARY' "$OUT/sanitize_${tool}_paged_run.log" | tail -1)")
+    if [[ $tool == memcheck && -x build/dev/tests/kvarn_test_cuda_graph ]]; then
+      compute-sanitizer --tool memcheck --error-exitcode 9 build/dev/tests/kvarn_test_cuda_graph \
+        >"$OUT/sanitize_memcheck_cuda_graph.log" 2>&1
+      summary+=("compute-sanitizer memcheck cuda_graph rc=$?: $(grep -E 'SUMMARY' "$OUT/sanitize_memcheck_cuda_graph.log" | tail -1)")
+    fi
     # KVARN_SANITIZE_CODEC_TOOLS (default all three) limits the codec suite's tools: its
     # racecheck takes ~100 s of device time.
     if [[ -x build/dev/tests/kvarn_test_cuda_codec && " ${KVARN_SANITIZE_CODEC_TOOLS:-memcheck racecheck synccheck} " == *" $tool "* ]]; then

@@ -107,7 +107,7 @@ inline ::testing::AssertionResult IsError(kvarn_status_t st, kvarn_status_t expe
 
 // ---- synthetic K/V -----------------------------------------------------------------------------
 
-// The structure of real caches (TARGETS.md, accuracy workload (a)): a few outlier channels
+// The structure of real caches (bench/RESULTS.md, Targets): a few outlier channels
 // `outlier` times larger, a per-channel offset, per-token magnitude spread (log-normal) with rare
 // tokens `spike` times larger.
 struct KVShape {

@@ -43,7 +43,7 @@ class CpuIsa(enum.IntEnum):
 
 
 class RecordField(enum.IntEnum):
-    """``kvarn_record_field_t``: record fields in storage order (ALGORITHM.md section 7)."""
+    """``kvarn_record_field_t``: record fields in storage order (docs/FORMAT.md section 7)."""
 
     K_CODES = capi.FIELD_K_CODES
     K_SCALE = capi.FIELD_K_SCALE

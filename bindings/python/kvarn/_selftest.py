@@ -1,7 +1,7 @@
 """kvarn.selftest(): the checks of the kvarn-selftest CLI, through this package.
 
 For every preset (head dim 128, or 64..512 with quick=False) on one context:
-  format     record size and field offsets as ALGORITHM.md section 7;
+  format     record size and field offsets as docs/FORMAT.md section 7;
   roundtrip  quantize + dequantize of synthetic K/V with outlier channels: K error no worse than
              plain per-token RTN at the same bits, V error < 1, deterministic bytes, the padding
              between records untouched;
@@ -167,7 +167,7 @@ def _check_format(config: Config, row: SelftestRow) -> None:
     row["record_bytes"] = config.record_bytes
     if config.record_bytes != sum(sizes) or sum(sizes) != d * g * (bk + bv) // 8 + 6 * d + 6 * g:
         row["failures"].append(
-            f"record_bytes {config.record_bytes}, ALGORITHM.md section 7 gives {sum(sizes)}"
+            f"record_bytes {config.record_bytes}, docs/FORMAT.md section 7 gives {sum(sizes)}"
         )
     offset = 0
     for field, ((got_off, got_len), want) in enumerate(zip(config.record_layout().values(), sizes)):
