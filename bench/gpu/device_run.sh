@@ -26,6 +26,8 @@ py_args=()
 if [[ $mode == *python* || $mode == all ]]; then
   # The Python binding needs SWIG (carried: .devdeps/swig) and pytest/ml_dtypes (carried wheels).
   export SWIG_LIB=$PWD/.devdeps/swig/share PATH=$PWD/.devdeps/swig/bin:$PATH
+  # A swig binary copied from Debian 12 carries its libpcre2 in .devdeps/swig/lib.
+  [[ -d .devdeps/swig/lib ]] && export LD_LIBRARY_PATH=$PWD/.devdeps/swig/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   py_args=(-DKVARN_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$(command -v python3)"
            -DSWIG_EXECUTABLE="$PWD/.devdeps/swig/bin/swig")
   python3 -m pip install -q --no-index --find-links .devdeps/wheels --target /tmp/pylib \

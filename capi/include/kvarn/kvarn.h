@@ -15,7 +15,12 @@
  * changes nothing it was given to write (outputs and caches are left as they were); running out
  * of memory is such a failure (KVARN_ERR_OUT_OF_MEMORY), with one exception: kvarn_rotate,
  * kvarn_dequantize and the attention calls may have written part of their outputs when they fail
- * with KVARN_ERR_OUT_OF_MEMORY (an in-place rotate may leave some rows rotated). Enum arguments
+ * with KVARN_ERR_OUT_OF_MEMORY (an in-place rotate may leave some rows rotated). On a GPU
+ * context, "failing" covers what the host can check: bad contents of device memory (table
+ * entries, lengths, NaN rows) are found by the kernels after the call has returned KVARN_OK, and
+ * reported by the context's next synchronize or copy (append and flush then write nothing;
+ * attention outputs are unspecified), or per sequence through the run calls' status array
+ * (layer 2, capturable form). Enum arguments
  * and fields are read as integers: a value outside its enumeration gives
  * KVARN_ERR_INVALID_ARGUMENT (or "unknown" / 0 from the calls that cannot fail). Sizes formed
  * from arguments are computed with overflow checks.
