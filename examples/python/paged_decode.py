@@ -141,12 +141,12 @@ def main() -> int:
             import torch  # noqa: F401
         except ImportError:
             print("SKIP: --device cuda needs torch")
-            return 0
+            return 77  # CTest: SKIP_RETURN_CODE
         if not torch.cuda.is_available() or not any(
             b.name == "cuda" and b.available for b in kvarn.backends()
         ):
             print("SKIP: no CUDA device, or libkvarn built without the CUDA backend")
-            return 0
+            return 77
     return run(args)
 
 
