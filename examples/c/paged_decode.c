@@ -353,9 +353,10 @@ int main(int argc, char** argv) {
   ALLOC(d_attn_ws, attn_ws_bytes ? attn_ws_bytes : 1);
   ALLOC(d_flush_ws, flush_ws_bytes ? flush_ws_bytes : 1);
   ALLOC(d_ref_ws, ref_ws_bytes ? ref_ws_bytes : 1);
-  printf("plan: batch %d, %d KV heads, %d query heads, %d blocks per sequence; workspaces: "
-         "attention %zu B, flush %zu B\n",
-         BATCH, NUM_KV_HEADS, NUM_Q_HEADS, e.max_blocks, attn_ws_bytes, flush_ws_bytes);
+  printf(
+      "plan: batch %d, %d KV heads, %d query heads, %d blocks per sequence; workspaces: "
+      "attention %zu B, flush %zu B\n",
+      BATCH, NUM_KV_HEADS, NUM_Q_HEADS, e.max_blocks, attn_ws_bytes, flush_ws_bytes);
   kvarn_launch_defaults(&launch);
   launch.seq_status = (int32_t*)d_status;
 
@@ -421,8 +422,8 @@ int main(int argc, char** argv) {
       undo(&e, &s, FAULT_SLOT);
       UPLOAD(d_status, zeros, sizeof zeros);
       faulted = 1;
-      printf("step %3d: slot %d got a NaN key: seq_status = %s; the other slots proceeded\n",
-             step, FAULT_SLOT, kvarn_status_string(KVARN_ERR_NON_FINITE));
+      printf("step %3d: slot %d got a NaN key: seq_status = %s; the other slots proceeded\n", step,
+             FAULT_SLOT, kvarn_status_string(KVARN_ERR_NON_FINITE));
     }
     for (b = 0; b < BATCH; ++b) {
       const size_t r0 = (size_t)b * row;
@@ -482,9 +483,10 @@ int main(int argc, char** argv) {
           FAIL("rollback: attention at length %d differs from before by %g", want_len, d);
         }
       }
-      printf("step %3d: slot %d rolled back from %d to %d tokens (fp16 tail); attention equals "
-             "the one at that length\n",
-             step, ROLLBACK_SLOT, want_len + ROLLBACK_TOKENS, want_len);
+      printf(
+          "step %3d: slot %d rolled back from %d to %d tokens (fp16 tail); attention equals "
+          "the one at that length\n",
+          step, ROLLBACK_SLOT, want_len + ROLLBACK_TOKENS, want_len);
       rolled_back = 1;
     }
     if (step % 50 == 0) {
@@ -506,9 +508,9 @@ int main(int argc, char** argv) {
 done:
   kvarn_attention_plan_destroy(plan);
   if (ctx != NULL) {
-    void* bufs[] = {d_records, d_kpages, d_vpages, d_table,  d_lens,     d_rtiles,
-                    d_indptr,  d_slots,  d_nflush, d_src,    d_dst,      d_seq,
-                    d_status,  d_k,      d_v,      d_q,      d_out,      d_lse,
+    void* bufs[] = {d_records, d_kpages,  d_vpages,   d_table,   d_lens,  d_rtiles,
+                    d_indptr,  d_slots,   d_nflush,   d_src,     d_dst,   d_seq,
+                    d_status,  d_k,       d_v,        d_q,       d_out,   d_lse,
                     d_ref,     d_ref_lse, d_flush_ws, d_attn_ws, d_ref_ws};
     for (i = 0; i < (int)(sizeof bufs / sizeof bufs[0]); ++i) kvarn_memory_free(ctx, bufs[i]);
   }
