@@ -1,4 +1,5 @@
-// Layer 1 (rotate, quantize, dequantize) and layer 2 append/flush on the CPU.
+// Layer 1 (rotate, quantize, dequantize) and the host-list layer-2 append/flush on the CPU (the
+// latter check the tables, then run the slot-mapped / device-list forms in paged_run.cpp).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -178,7 +179,7 @@ Status CheckSequenceTables(const Config& cfg, const PagedKV& kv, int b) {
 
 Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int32_t* indptr,
                    kvarn_dtype_t dtype, const void* k, const void* v) {
-  const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads;
+  const int G = cfg.G;
   KVARN_RETURN_IF_ERROR(CheckPagedTables(cfg, kv));
   if (indptr[0] != 0) return InvalidArgument("token_indptr[0] must be 0");
   for (int b = 0; b < kv.batch; ++b) {
@@ -200,72 +201,33 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
       }
     }
   }
-  // Stage every converted row first: a failure leaves the pages untouched.
+  // The write slot of every token; the slot-mapped append stages every converted row before it
+  // writes, so a failure leaves the pages untouched.
   const size_t total = static_cast<size_t>(indptr[kv.batch]);
-  const Kernels& K = KernelsFor(ctx->isa);
-  std::vector<uint16_t> kh(total * Hk * D), vh(total * Hk * D);
-  Status st = ParallelStatus(ctx, total, [&](size_t tok) -> Status {
-    std::vector<float> row(D), scratch(D);
-    for (int h = 0; h < Hk; ++h) {
-      const size_t off = (tok * Hk + h) * D;
-      for (int which = 0; which < 2; ++which) {
-        LoadRow(dtype, which ? v : k, off, D, row.data());
-        if (!K.to_cache_frame(row.data(), D, which ? cfg.v_rotate : cfg.k_rotate, scratch.data(),
-                              (which ? vh.data() : kh.data()) + off)) {
-          bool finite = true;
-          for (int d = 0; d < D; ++d) finite = finite && std::isfinite(row[d]);
-          return {finite ? KVARN_ERR_OVERFLOW : KVARN_ERR_NON_FINITE,
-                  std::string(which ? "v" : "k") + " of token " + std::to_string(tok) + ", head " +
-                      std::to_string(h) +
-                      (finite ? " exceeds the fp16 range" : " holds a NaN or Inf")};
-        }
-      }
-    }
-    return Status::Ok();
-  });
-  if (!st.ok()) return st;
-  const size_t page_elems = static_cast<size_t>(Hk) * G * D;
+  std::vector<int32_t> slots(total);
   for (int b = 0; b < kv.batch; ++b) {
     for (int32_t i = indptr[b]; i < indptr[b + 1]; ++i) {
       const int64_t pos = kv.seq_lens[b] + (i - indptr[b]);
       const int32_t page = kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + pos / G];
-      for (int h = 0; h < Hk; ++h) {
-        const size_t dst = page * page_elems + (static_cast<size_t>(h) * G + pos % G) * D;
-        const size_t src = (static_cast<size_t>(i) * Hk + h) * D;
-        std::memcpy(kv.k_pages + dst, kh.data() + src, 2 * D);
-        std::memcpy(kv.v_pages + dst, vh.data() + src, 2 * D);
-      }
+      slots[i] = static_cast<int32_t>(page * int64_t{G} + pos % G);
     }
   }
-  return Status::Ok();
+  return PagedAppendRun(ctx, cfg, kv, LaunchArgs{}, indptr, slots.data(), total, dtype, k, v);
 }
 
 Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,
                   const int32_t* src_pages, const int32_t* dst_blocks) {
-  const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads;
-  const size_t rb = cfg.record_bytes();
-  const size_t page_elems = static_cast<size_t>(Hk) * G * D;
-  const Kernels& K = KernelsFor(ctx->isa);
-  std::vector<uint8_t> staged(n_tiles * Hk * rb);
-  Status st = ParallelStatus(ctx, n_tiles * Hk, [&](size_t item) -> Status {
-    const size_t tile = item / Hk, h = item % Hk;
-    TileScratch s;
-    const size_t off = src_pages[tile] * page_elems + h * G * D;
-    Status r =
-        QuantizeRecord(cfg, kv.k_pages + off, kv.v_pages + off, staged.data() + item * rb, s, &K);
-    if (!r.ok()) {
-      return {r.code(), "page " + std::to_string(src_pages[tile]) + ", head " + std::to_string(h) +
-                            ": " + r.message()};
-    }
-    return r;
-  });
-  if (!st.ok()) return st;
-  for (size_t item = 0; item < n_tiles * Hk; ++item) {
-    const size_t tile = item / Hk, h = item % Hk;
-    std::memcpy(kv.records + (static_cast<size_t>(dst_blocks[tile]) * Hk + h) * kv.record_stride,
-                staged.data() + item * rb, rb);
+  // The list flush on host memory: the device-list flush with the whole list live, staging in a
+  // buffer of its own, every fault failing the call.
+  if (n_tiles > static_cast<size_t>(INT32_MAX) / kv.num_kv_heads) {
+    return Unsupported("more than 2^31-1 records in one flush");
   }
-  return Status::Ok();
+  std::vector<uint8_t> staged(FlushWorkspaceBytes(cfg, kv.num_kv_heads, n_tiles));
+  LaunchArgs launch;
+  launch.workspace = staged.data();
+  launch.workspace_bytes = staged.size();
+  const int32_t count = static_cast<int32_t>(n_tiles);
+  return PagedFlushRun(ctx, cfg, kv, launch, n_tiles, &count, src_pages, dst_blocks, nullptr);
 }
 
 }  // namespace cpu

@@ -46,23 +46,6 @@ Status DispatchDG(int D, int G, F&& f) {
   }
 }
 
-template <typename F>
-Status DispatchD(int D, F&& f) {
-  using std::integral_constant;
-  switch (D) {
-    case 64:
-      return f(integral_constant<int, 64>{});
-    case 128:
-      return f(integral_constant<int, 128>{});
-    case 256:
-      return f(integral_constant<int, 256>{});
-    case 512:
-      return f(integral_constant<int, 512>{});
-    default:
-      return Unsupported("head_dim " + std::to_string(D));
-  }
-}
-
 // Blocks for a grid-stride kernel: enough for the work, at most one full wave. The wave is what
 // the kernel's registers let reside (not a fixed 8 per SM): a grid of 8 per SM where only 6 fit
 // (RotateKernel<128>: 40 registers) runs a partial second wave that leaves the GPU a third idle.
@@ -476,7 +459,7 @@ Status Rotate(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const vo
   if (rows == 0) return Status::Ok();
   CudaState* s = State(ctx);
   const float scale = RotationScale(D);
-  return DispatchD(D, [&](auto d) -> Status {
+  return DispatchHeadDim(D, [&](auto d) -> Status {
     constexpr int kD = decltype(d)::value;
     const size_t groups = (rows + LaunchRowsPerWarp<kD>(s) - 1) / LaunchRowsPerWarp<kD>(s);
     const unsigned grid = GridFor(ctx, RotateKernel<kD>, 256, groups, 256 / LaunchWarpSize(s));
@@ -523,7 +506,7 @@ Status Quantize(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_dtype_t d
   const float scale = RotationScale(D);
   for (size_t first = 0; first < n_tiles; first += chunk) {
     const size_t n = std::min(chunk, n_tiles - first);
-    KVARN_RETURN_IF_ERROR(DispatchD(D, [&](auto d) -> Status {
+    KVARN_RETURN_IF_ERROR(DispatchHeadDim(D, [&](auto d) -> Status {
       constexpr int kD = decltype(d)::value;
       const size_t rows = n * G;
       const size_t groups = (rows + LaunchRowsPerWarp<kD>(s) - 1) / LaunchRowsPerWarp<kD>(s);
@@ -585,7 +568,7 @@ Status Dequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void* r
   job.vec[1] = Aligned16(v);
   job.rows = n_tiles * cfg.G;
   CudaState* s = State(ctx);
-  return DispatchD(cfg.D, [&](auto d) -> Status {
+  return DispatchHeadDim(cfg.D, [&](auto d) -> Status {
     constexpr int kD = decltype(d)::value;
     const size_t groups = (job.rows + LaunchRowsPerWarp<kD>(s) - 1) / LaunchRowsPerWarp<kD>(s);
     const dim3 grid(GridFor(ctx, DequantizeKernel<kD>, 256, groups, 256 / LaunchWarpSize(s)), 2);

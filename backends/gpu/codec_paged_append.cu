@@ -303,23 +303,6 @@ __global__ void __launch_bounds__(256) SlotAppendWriteKernel(const SlotAppendArg
   }
 }
 
-// Calls f(integral_constant<D>) for a supported head dim.
-template <typename F>
-Status DispatchHeadDim(int D, F&& f) {
-  switch (D) {
-    case 64:
-      return f(std::integral_constant<int, 64>{});
-    case 128:
-      return f(std::integral_constant<int, 128>{});
-    case 256:
-      return f(std::integral_constant<int, 256>{});
-    case 512:
-      return f(std::integral_constant<int, 512>{});
-    default:
-      return Unsupported("head_dim " + std::to_string(D));
-  }
-}
-
 }  // namespace
 
 Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
@@ -430,18 +413,7 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
     }
     return Status::Ok();
   };
-  switch (cfg.D) {
-    case 64:
-      return launch(std::integral_constant<int, 64>{});
-    case 128:
-      return launch(std::integral_constant<int, 128>{});
-    case 256:
-      return launch(std::integral_constant<int, 256>{});
-    case 512:
-      return launch(std::integral_constant<int, 512>{});
-    default:
-      return Unsupported("head_dim " + std::to_string(cfg.D));
-  }
+  return DispatchHeadDim(cfg.D, launch);
 }
 
 }  // namespace gpu

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <type_traits>
 
 #include "backends/gpu/gpu_common.cuh"
 
@@ -195,6 +197,23 @@ __device__ __forceinline__ void Store8Halves(uint16_t* p, const uint16_t* h) {
 }
 
 inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Calls f(std::integral_constant<int, D>) for a head dim the row kernels are built for.
+template <typename F>
+Status DispatchHeadDim(int D, F&& f) {
+  switch (D) {
+    case 64:
+      return f(std::integral_constant<int, 64>{});
+    case 128:
+      return f(std::integral_constant<int, 128>{});
+    case 256:
+      return f(std::integral_constant<int, 256>{});
+    case 512:
+      return f(std::integral_constant<int, 512>{});
+    default:
+      return Unsupported("head_dim " + std::to_string(D));
+  }
+}
 
 }  // namespace gpu
 }  // namespace kvarn
