@@ -114,7 +114,8 @@ Status OpDequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void*
   return ctx->ops->dequantize(ctx, cfg, n_tiles, records, record_stride, flags, out_dtype, k, v);
 }
 
-Status ParsePagedKV(const kvarn_paged_kv_t* kv_in, const Config& cfg, PagedKV* out) {
+Status ParsePagedKV(const kvarn_paged_kv_t* kv_in, const Config& cfg, PagedKV* out,
+                    PagedTables tables) {
   // Growable struct (core/abi_struct.h): fields past kv->size keep the defaults.
   kvarn_paged_kv_t kv_read;
   kvarn_paged_kv_defaults(&kv_read);
@@ -139,11 +140,14 @@ Status ParsePagedKV(const kvarn_paged_kv_t* kv_in, const Config& cfg, PagedKV* o
       CheckBufferSize("the page pool", in->num_pages, in->num_kv_heads, cfg.G, cfg.D, 2));
   KVARN_RETURN_IF_ERROR(CheckBufferSize("the record pool", in->num_record_blocks, in->num_kv_heads,
                                         in->record_stride));
-  KVARN_RETURN_IF_ERROR(
-      CheckBufferSize("block_table", in->batch, in->max_blocks_per_seq, sizeof(int32_t)));
-  if (in->batch > 0 &&
-      (in->block_table == nullptr || in->seq_lens == nullptr || in->record_tiles == nullptr)) {
-    return InvalidArgument("block_table, seq_lens or record_tiles is NULL");
+  const bool read_tables = tables == PagedTables::kRead;
+  if (read_tables) {
+    KVARN_RETURN_IF_ERROR(
+        CheckBufferSize("block_table", in->batch, in->max_blocks_per_seq, sizeof(int32_t)));
+    if (in->batch > 0 &&
+        (in->block_table == nullptr || in->seq_lens == nullptr || in->record_tiles == nullptr)) {
+      return InvalidArgument("block_table, seq_lens or record_tiles is NULL");
+    }
   }
   PagedKV kv;
   kv.num_kv_heads = in->num_kv_heads;
@@ -154,10 +158,11 @@ Status ParsePagedKV(const kvarn_paged_kv_t* kv_in, const Config& cfg, PagedKV* o
   kv.k_pages = static_cast<uint16_t*>(in->k_pages);
   kv.v_pages = static_cast<uint16_t*>(in->v_pages);
   kv.num_pages = in->num_pages;
-  kv.block_table = in->block_table;
+  // Calls that do not read the tables do not see them, whatever the struct holds.
+  kv.block_table = read_tables ? in->block_table : nullptr;
   kv.max_blocks_per_seq = in->max_blocks_per_seq;
-  kv.seq_lens = in->seq_lens;
-  kv.record_tiles = in->record_tiles;
+  kv.seq_lens = read_tables ? in->seq_lens : nullptr;
+  kv.record_tiles = read_tables ? in->record_tiles : nullptr;
   *out = kv;
   return Status::Ok();
 }

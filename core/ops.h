@@ -35,7 +35,11 @@ Status OpDequantize(Context* ctx, const Config& cfg, size_t n_tiles, const void*
                     void* v);
 
 // Checks the struct's own fields (not the contents of its tables, which may live on a device).
-Status ParsePagedKV(const kvarn_paged_kv_t* in, const Config& cfg, PagedKV* out);
+// kSkip: for the calls that never read block_table, seq_lens and record_tiles (the slot-mapped
+// append, the device-list flush): they may be NULL, and the view holds NULL for them.
+enum class PagedTables { kRead, kSkip };
+Status ParsePagedKV(const kvarn_paged_kv_t* in, const Config& cfg, PagedKV* out,
+                    PagedTables tables = PagedTables::kRead);
 Status ParseAttentionParams(const kvarn_attention_params_t* in, const Config& cfg, int num_kv_heads,
                             AttentionArgs* out);
 

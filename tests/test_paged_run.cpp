@@ -620,6 +620,51 @@ TEST_P(PagedRun, ArgumentErrorsAreRefusedUpFront) {
                       KVARN_ERR_UNSUPPORTED, "launch"));
 }
 
+TEST_P(PagedRun, AppendAndFlushReadNoTables) {
+  // kvarn.h: append by slot and the device-list flush read no block_table, seq_lens or
+  // record_tiles, so an engine may leave them NULL in the kv it passes to them.
+  KVT_SEEDED_RNG(rng, 0);
+  kvt::DecodeLoopSpec spec;
+  spec.batch = 3;
+  spec.idle_prob = 0.0;
+  kvt::DecodeLoop loop(cfg_, spec, rng.Next());
+  Layer L(ctx_.get(), cfg_, loop);
+  Step s(ctx_.get(), loop);
+  kvt::StepMeta m;
+  loop.Next(&m);
+  s.Upload(m);
+  s.k.Upload(Random(rng, static_cast<size_t>(loop.batch()) * kHk * kD, 1.0));
+  s.v.Upload(Random(rng, static_cast<size_t>(loop.batch()) * kHk * kD, 1.0));
+  kvarn_paged_kv_t kv = View(L, s, loop);
+  kv.block_table = nullptr;
+  kv.seq_lens = nullptr;
+  kv.record_tiles = nullptr;
+  const auto before = L.k_pages.Download<uint16_t>();
+  KVT_ASSERT_OK(kvarn_paged_append_run(ctx_.get(), &cfg_, &kv, nullptr,
+                                       static_cast<const int32_t*>(s.token_indptr.get()),
+                                       static_cast<const int32_t*>(s.slot_mapping.get()),
+                                       loop.batch(), KVARN_DTYPE_F32, s.k.get(), s.v.get()));
+  DeviceBuffer ws(ctx_.get(), FlushWorkspace(loop));
+  kvarn_launch_t launch;
+  kvarn_launch_defaults(&launch);
+  launch.workspace = ws.get();
+  launch.workspace_bytes = ws.bytes();
+  KVT_ASSERT_OK(kvarn_paged_flush_run(ctx_.get(), &cfg_, &kv, &launch, loop.batch(),
+                                      static_cast<const int32_t*>(s.n_flush.get()),
+                                      static_cast<const int32_t*>(s.flush_src.get()),
+                                      static_cast<const int32_t*>(s.flush_dst.get()), nullptr));
+  KVT_ASSERT_OK(kvarn_context_synchronize(ctx_.get()));
+  // Each sequence's first token landed in its slot (the pool held NaN there before).
+  const auto after = L.k_pages.Download<uint16_t>();
+  const int G = cfg_.tile_tokens;
+  for (int b = 0; b < loop.batch(); ++b) {
+    const int32_t slot = m.slot_mapping[m.token_indptr[b]];
+    const size_t off = (slot / G) * static_cast<size_t>(kHk) * G * kD + (slot % G) * size_t{kD};
+    EXPECT_EQ(before[off], kvt::kPoisonHalf);
+    EXPECT_NE(after[off], kvt::kPoisonHalf) << "sequence " << b;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, PagedRun, ::testing::Values(KVARN_BACKEND_CPU, kvt::kGpuBackend),
                          [](const ::testing::TestParamInfo<kvarn_backend_t>& i) {
                            return std::string(kvarn_backend_name(i.param));

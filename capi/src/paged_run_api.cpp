@@ -35,7 +35,8 @@ Status ParseRunCommon(const kvarn_context_t* context, const kvarn_config_t* conf
                       PagedKV* p, LaunchArgs* l) {
   KVARN_RETURN_IF_ERROR(NeedContext(context));
   KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, c));
-  KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, *c, p));
+  // Append and flush read no table (kvarn.h): the kv may leave them NULL.
+  KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, *c, p, kvarn::PagedTables::kSkip));
   return kvarn::ParseLaunch(launch, l);
 }
 
