@@ -18,25 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "core/half.h"
+#include "bench/gpu/bench_util.h"
 #include "kvarn/kvarn.h"
-
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_KV(x)                                                                       \
-  do {                                                                                    \
-    kvarn_status_t s_ = (x);                                                              \
-    if (s_ != KVARN_OK) {                                                                 \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, kvarn_last_error()); \
-      std::exit(2);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 namespace {
 
@@ -112,23 +95,7 @@ int main(int argc, char** argv) {
   const size_t stride = (rb + 15) / 16 * 16;
 
   // A few hundred real records (quantized on the CPU from random data).
-  const int kUnique = 256;
-  std::vector<uint8_t> unique(kUnique * stride, 0);
-  {
-    kvarn_context_options_t co;
-    kvarn_context_options_defaults(&co);
-    co.backend = KVARN_BACKEND_CPU;
-    kvarn_context_t* cpu = nullptr;
-    CHECK_KV(kvarn_context_create(&co, &cpu));
-    std::mt19937 rng(7);
-    std::normal_distribution<float> nd;
-    std::vector<float> k(size_t{kUnique} * G * D), v(k.size());
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    CHECK_KV(kvarn_quantize(cpu, &cfg, kUnique, KVARN_DTYPE_F32, k.data(), v.data(), 0,
-                            unique.data(), stride));
-    kvarn_context_destroy(cpu);
-  }
+  const std::vector<uint8_t> unique = kvarn_bench::QuantizedRecords(cfg, stride, 256);
 
   const double read_bw = MeasureReadBandwidth();
   std::printf("device read bandwidth (read-only kernel, 4 GB): %.2f TB/s\n", read_bw / 1e12);
@@ -141,7 +108,7 @@ int main(int argc, char** argv) {
     }
   }
   shapes.push_back({1, 32768 + 2048, 2048});  // extend: 2k new tokens over 32k cached
-  shapes.push_back({8, 8192 + 512, 512});      // extend: chunked prefill of 8 sequences
+  shapes.push_back({8, 8192 + 512, 512});     // extend: chunked prefill of 8 sequences
   if (only_batch > 0) shapes = {{only_batch, only_ctx, only_nq}};
   FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
   if (csv) std::fprintf(csv, "batch,ctx,nq,ms,bytes,tbps,peak_frac,read_frac\n");
@@ -160,24 +127,9 @@ int main(int argc, char** argv) {
     const size_t page_bytes = size_t(Hk) * G * D * 2;
     CHECK_KV(kvarn_memory_alloc(ctx, pages * page_bytes, &kp));
     CHECK_KV(kvarn_memory_alloc(ctx, pages * page_bytes, &vp));
-    // Fill the record pool by doubling copies of the unique records.
-    CHECK_KV(kvarn_memory_copy(ctx, records, unique.data(),
-                               std::min<size_t>(unique.size(), size_t(blocks) * Hk * stride),
-                               KVARN_COPY_HOST_TO_DEVICE));
-    for (size_t done = std::min<size_t>(unique.size(), size_t(blocks) * Hk * stride);
-         done < size_t(blocks) * Hk * stride;) {
-      const size_t n = std::min(done, size_t(blocks) * Hk * stride - done);
-      CHECK_KV(kvarn_memory_copy(ctx, static_cast<uint8_t*>(records) + done, records, n,
-                                 KVARN_COPY_DEVICE_TO_DEVICE));
-      done += n;
-    }
+    kvarn_bench::FillWithCopies(ctx, records, size_t(blocks) * Hk * stride, unique);
     {
-      std::mt19937 rng(11);
-      std::normal_distribution<float> nd;
-      std::vector<uint16_t> hp(pages * page_bytes / 2);
-      for (auto& x : hp) {
-        x = kvarn::float_to_half(nd(rng));
-      }
+      const std::vector<uint16_t> hp = kvarn_bench::RandomHalves(pages * page_bytes / 2, 11);
       CHECK_KV(kvarn_memory_copy(ctx, kp, hp.data(), hp.size() * 2, KVARN_COPY_HOST_TO_DEVICE));
       CHECK_KV(kvarn_memory_copy(ctx, vp, hp.data(), hp.size() * 2, KVARN_COPY_HOST_TO_DEVICE));
     }

@@ -23,25 +23,8 @@
 #include <random>
 #include <vector>
 
-#include "core/half.h"
+#include "bench/gpu/bench_util.h"
 #include "kvarn/kvarn.h"
-
-#define CHECK_CUDA(x)                                                                         \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                           \
-    }                                                                                         \
-  } while (0)
-#define CHECK_KV(x)                                                                       \
-  do {                                                                                    \
-    kvarn_status_t s_ = (x);                                                              \
-    if (s_ != KVARN_OK) {                                                                 \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, kvarn_last_error()); \
-      std::exit(2);                                                                       \
-    }                                                                                     \
-  } while (0)
 
 namespace {
 
@@ -93,38 +76,9 @@ int main(int argc, char** argv) {
   const size_t page_bytes = size_t(Hk) * G * D * 2;
   const size_t pool_bytes = size_t(blocks) * Hk * stride;
   void* records = Alloc(ctx, pool_bytes);
-  {
-    // Real records: a few hundred quantized tiles replicated over the pool.
-    const int kUnique = 256;
-    std::vector<uint8_t> unique(kUnique * stride, 0);
-    kvarn_context_options_t co;
-    kvarn_context_options_defaults(&co);
-    co.backend = KVARN_BACKEND_CPU;
-    kvarn_context_t* cpu = nullptr;
-    CHECK_KV(kvarn_context_create(&co, &cpu));
-    std::mt19937 rng(7);
-    std::normal_distribution<float> nd;
-    std::vector<float> k(size_t{kUnique} * G * D), v(k.size());
-    for (auto& x : k) x = nd(rng);
-    for (auto& x : v) x = nd(rng);
-    CHECK_KV(kvarn_quantize(cpu, &cfg, kUnique, KVARN_DTYPE_F32, k.data(), v.data(), 0,
-                            unique.data(), stride));
-    kvarn_context_destroy(cpu);
-    const size_t first = std::min(unique.size(), pool_bytes);
-    CHECK_KV(kvarn_memory_copy(ctx, records, unique.data(), first, KVARN_COPY_HOST_TO_DEVICE));
-    for (size_t done = first; done < pool_bytes;) {
-      const size_t n = std::min(done, pool_bytes - done);
-      CHECK_KV(kvarn_memory_copy(ctx, static_cast<uint8_t*>(records) + done, records, n,
-                                 KVARN_COPY_DEVICE_TO_DEVICE));
-      done += n;
-    }
-  }
-  std::vector<uint16_t> hp(pages * page_bytes / 2);
-  {
-    std::mt19937 rng(11);
-    std::normal_distribution<float> nd;
-    for (auto& x : hp) x = kvarn::float_to_half(nd(rng));
-  }
+  kvarn_bench::FillWithCopies(ctx, records, pool_bytes,
+                              kvarn_bench::QuantizedRecords(cfg, stride, 256));
+  const std::vector<uint16_t> hp = kvarn_bench::RandomHalves(pages * page_bytes / 2, 11);
   void* kp = Upload(ctx, hp);
   void* vp = Upload(ctx, hp);
   std::vector<int32_t> table(size_t(B) * tiles), lens(B, ctx_len), rt(B, rec_tiles);
