@@ -7,28 +7,18 @@
 #include "core/checked.h"
 
 namespace kvarn {
-namespace {
 
-Status CheckContext(Context* ctx) {
+Status CheckContext(const Context* ctx) {
   if (ctx == nullptr || ctx->ops == nullptr) return InvalidArgument("context is NULL");
   return Status::Ok();
 }
+
+namespace {
 
 bool IsHeadDim(int d) { return d == 64 || d == 128 || d == 256 || d == 512; }
 
 Status CheckDtype(const kvarn_dtype_t& dtype, const char* what) {
   return CheckDtypeArg(dtype, what);
-}
-
-// INVALID_ARGUMENT unless the product of `factors` (element counts and sizes of a caller
-// buffer) fits in one object.
-template <typename... T>
-Status CheckBufferSize(const char* what, T... factors) {
-  size_t bytes = 0;
-  if (!CheckedMul(&bytes, factors...) || bytes > kMaxObjectBytes) {
-    return InvalidArgument(std::string(what) + " would be larger than the address space");
-  }
-  return Status::Ok();
 }
 
 // What quantize and dequantize both require: a context, a known dtype and flags, and a record

@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstring>
+#include <string>
 
 #include "core/backend.h"
+#include "core/checked.h"
 
 namespace kvarn {
 
@@ -17,6 +19,20 @@ int32_t EnumInt(const E& e) {
   int32_t v;
   std::memcpy(&v, &e, sizeof v);
   return v;
+}
+
+// INVALID_ARGUMENT unless ctx is a context with a backend.
+Status CheckContext(const Context* ctx);
+
+// INVALID_ARGUMENT unless the product of `factors` (element counts and sizes of a caller
+// buffer) fits in one object.
+template <typename... T>
+Status CheckBufferSize(const char* what, T... factors) {
+  size_t bytes = 0;
+  if (!CheckedMul(&bytes, factors...) || bytes > kMaxObjectBytes) {
+    return InvalidArgument(std::string(what) + " would be larger than the address space");
+  }
+  return Status::Ok();
 }
 
 // INVALID_ARGUMENT naming `what` unless dtype is a kvarn_dtype_t value.

@@ -3,7 +3,6 @@
 #include <string>
 
 #include "core/abi_struct.h"
-#include "core/checked.h"
 #include "core/ops.h"
 
 namespace kvarn {
@@ -11,15 +10,6 @@ namespace {
 
 // Kernels index tokens, tiles and rows with int32.
 constexpr size_t kMaxLaunchItems = 0x7fffffff;
-
-template <typename... T>
-Status CheckBytes(const char* what, T... factors) {
-  size_t bytes = 0;
-  if (!CheckedMul(&bytes, factors...) || bytes > kMaxObjectBytes) {
-    return InvalidArgument(std::string(what) + " would be larger than the address space");
-  }
-  return Status::Ok();
-}
 
 Status CheckWorkspace(const LaunchArgs& launch, size_t need, const char* how) {
   if (launch.workspace_bytes < need || (need > 0 && launch.workspace == nullptr)) {
@@ -35,6 +25,13 @@ Status CheckWorkspace(const LaunchArgs& launch, size_t need, const char* how) {
 size_t FlushWorkspaceBytes(const Config& cfg, int num_kv_heads, size_t max_tiles) {
   const size_t records = max_tiles * static_cast<size_t>(num_kv_heads);
   return (records * cfg.record_bytes() + 255) / 256 * 256;
+}
+
+Status CheckFlushRecords(int num_kv_heads, size_t max_tiles) {
+  if (max_tiles > kMaxLaunchItems / static_cast<size_t>(num_kv_heads)) {
+    return Unsupported("more than 2^31-1 records in one flush");
+  }
+  return Status::Ok();
 }
 
 Status ParseLaunch(const kvarn_launch_t* in, LaunchArgs* out) {
@@ -78,7 +75,7 @@ Status ParseAttentionShape(const kvarn_attention_shape_t* in, AttentionShape* ou
 
 Status OpAttentionPlan(Context* ctx, const Config& cfg, const AttentionShape& shape,
                        const AttentionArgs& args, AttentionPlan* plan) {
-  if (ctx == nullptr || ctx->ops == nullptr) return InvalidArgument("context is NULL");
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
   if (args.q_indptr != nullptr) {
     return InvalidArgument("params->q_indptr must be NULL for a plan (queries come at run time)");
   }
@@ -86,9 +83,9 @@ Status OpAttentionPlan(Context* ctx, const Config& cfg, const AttentionShape& sh
     return InvalidArgument("num_q_heads must be a multiple of shape->num_kv_heads");
   }
   KVARN_RETURN_IF_ERROR(
-      CheckBytes("q or out", shape.max_total_q, args.num_q_heads, cfg.D, sizeof(float)));
+      CheckBufferSize("q or out", shape.max_total_q, args.num_q_heads, cfg.D, sizeof(float)));
   KVARN_RETURN_IF_ERROR(
-      CheckBytes("block_table", shape.batch, shape.max_blocks_per_seq, sizeof(int32_t)));
+      CheckBufferSize("block_table", shape.batch, shape.max_blocks_per_seq, sizeof(int32_t)));
   return ctx->ops->attention_plan(ctx, cfg, shape, args, plan);
 }
 
@@ -96,7 +93,7 @@ Status OpPagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                         const LaunchArgs& launch, const int32_t* token_indptr,
                         const int32_t* slot_mapping, size_t max_tokens, kvarn_dtype_t dtype,
                         const void* k, const void* v) {
-  if (ctx == nullptr || ctx->ops == nullptr) return InvalidArgument("context is NULL");
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
   KVARN_RETURN_IF_ERROR(CheckDtypeArg(dtype, "dtype"));
   if (kv.batch == 0 || max_tokens == 0) return Status::Ok();
   if (token_indptr == nullptr || slot_mapping == nullptr) {
@@ -105,8 +102,8 @@ Status OpPagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv,
   if (k == nullptr || v == nullptr) return InvalidArgument("k or v is NULL");
   if (kv.num_pages == 0) return InvalidArgument("append needs a page pool (num_pages is 0)");
   if (max_tokens > kMaxLaunchItems) return InvalidArgument("max_tokens must be < 2^31");
-  KVARN_RETURN_IF_ERROR(CheckBytes("k or v", max_tokens, kv.num_kv_heads, cfg.D, sizeof(float)));
-  KVARN_RETURN_IF_ERROR(CheckBytes("the page pool slots", kv.num_pages, cfg.G));
+  KVARN_RETURN_IF_ERROR(
+      CheckBufferSize("k or v", max_tokens, kv.num_kv_heads, cfg.D, sizeof(float)));
   if (static_cast<size_t>(kv.num_pages) * cfg.G > kMaxLaunchItems) {
     return Unsupported("a page pool of more than 2^31-1 token slots");
   }
@@ -117,7 +114,7 @@ Status OpPagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv,
 Status OpPagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
                        size_t max_tiles, const int32_t* n_tiles, const int32_t* src_pages,
                        const int32_t* dst_blocks, const int32_t* tile_seqs) {
-  if (ctx == nullptr || ctx->ops == nullptr) return InvalidArgument("context is NULL");
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
   if (max_tiles == 0) return Status::Ok();
   if (n_tiles == nullptr || src_pages == nullptr || dst_blocks == nullptr) {
     return InvalidArgument("n_tiles, src_pages or dst_blocks is NULL");
@@ -128,12 +125,9 @@ Status OpPagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const
   if (kv.num_pages == 0 || kv.num_record_blocks == 0) {
     return InvalidArgument("flush needs both a page pool and a record pool");
   }
-  if (max_tiles * static_cast<size_t>(kv.num_kv_heads) > kMaxLaunchItems ||
-      max_tiles > kMaxLaunchItems / kv.num_kv_heads) {
-    return Unsupported("more than 2^31-1 records in one flush");
-  }
+  KVARN_RETURN_IF_ERROR(CheckFlushRecords(kv.num_kv_heads, max_tiles));
   KVARN_RETURN_IF_ERROR(
-      CheckBytes("the flushed records", max_tiles, kv.num_kv_heads, cfg.record_bytes()));
+      CheckBufferSize("the flushed records", max_tiles, kv.num_kv_heads, cfg.record_bytes()));
   KVARN_RETURN_IF_ERROR(CheckWorkspace(launch, FlushWorkspaceBytes(cfg, kv.num_kv_heads, max_tiles),
                                        "kvarn_paged_flush_workspace_size"));
   return ctx->ops->paged_flush_run(ctx, cfg, kv, launch, max_tiles, n_tiles, src_pages, dst_blocks,
@@ -144,7 +138,7 @@ Status OpPagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                            const AttentionShape& shape, const AttentionArgs& args,
                            const AttentionPlan& plan, const LaunchArgs& launch,
                            const int32_t* q_indptr, const void* q, void* out, float* lse) {
-  if (ctx == nullptr || ctx->ops == nullptr) return InvalidArgument("context is NULL");
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
   if (kv.batch != shape.batch || kv.num_kv_heads != shape.num_kv_heads ||
       kv.max_blocks_per_seq != shape.max_blocks_per_seq) {
     return InvalidArgument("kv (batch " + std::to_string(kv.batch) + ", num_kv_heads " +

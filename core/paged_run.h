@@ -7,6 +7,10 @@
 
 namespace kvarn {
 
+// UNSUPPORTED when a flush of max_tiles tiles would launch more than 2^31-1 records (kernels
+// index records with int32). num_kv_heads >= 1.
+Status CheckFlushRecords(int num_kv_heads, size_t max_tiles);
+
 // A NULL launch means the defaults (the context's stream, no status array, no workspace).
 Status ParseLaunch(const kvarn_launch_t* in, LaunchArgs* out);
 Status ParseAttentionShape(const kvarn_attention_shape_t* in, AttentionShape* out);

@@ -79,9 +79,7 @@ kvarn_status_t kvarn_paged_flush_workspace_size(const kvarn_config_t* config, in
     KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
     if (out_bytes == nullptr) return kvarn::InvalidArgument("out_bytes is NULL");
     if (num_kv_heads <= 0) return kvarn::InvalidArgument("num_kv_heads must be >= 1");
-    if (max_tiles > 0x7fffffffu / static_cast<size_t>(num_kv_heads)) {
-      return kvarn::Unsupported("more than 2^31-1 records in one flush");
-    }
+    KVARN_RETURN_IF_ERROR(kvarn::CheckFlushRecords(num_kv_heads, max_tiles));
     *out_bytes = kvarn::FlushWorkspaceBytes(c, num_kv_heads, max_tiles);
     return Status::Ok();
   });
