@@ -72,6 +72,10 @@ struct AttentionPlan {
   size_t rows_total = 0;          // output rows (query tokens x query heads)
   size_t ml_bytes = 0, acc_bytes = 0, indptr_bytes = 0;
   size_t workspace = 0;
+  // The kernel the plan runs (kvarn_attention_plan_kernel), and whether it reads the pools with
+  // 16-byte copies (then a run over a misaligned pool is refused, never slowed down silently).
+  const char* kernel = "cpu";
+  bool needs_aligned_pool = false;
 };
 
 // Workspace of a capturable flush: the staged records of every listed tile (validate, then

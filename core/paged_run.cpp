@@ -89,6 +89,19 @@ Status OpAttentionPlan(Context* ctx, const Config& cfg, const AttentionShape& sh
   return ctx->ops->attention_plan(ctx, cfg, shape, args, plan);
 }
 
+Status CheckPlanPool(const AttentionPlan& plan, const PagedKV& kv) {
+  if (!plan.needs_aligned_pool) return Status::Ok();
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (kv.record_stride % 16 != 0 || !aligned(kv.records) || !aligned(kv.k_pages) ||
+      !aligned(kv.v_pages)) {
+    return InvalidArgument(std::string("the plan's kernel (") + plan.kernel +
+                           ") reads the pools with 16-byte copies: records, k_pages and v_pages "
+                           "must be 16-byte aligned and record_stride a multiple of 16 (got " +
+                           std::to_string(kv.record_stride) + ")");
+  }
+  return Status::Ok();
+}
+
 Status OpPagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                         const LaunchArgs& launch, const int32_t* token_indptr,
                         const int32_t* slot_mapping, size_t max_tokens, kvarn_dtype_t dtype,
@@ -156,6 +169,7 @@ Status OpPagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
   }
   KVARN_RETURN_IF_ERROR(
       CheckWorkspace(launch, plan.workspace, "kvarn_attention_plan_workspace_size"));
+  KVARN_RETURN_IF_ERROR(CheckPlanPool(plan, kv));
   if (kv.batch == 0 || shape.max_total_q == 0) return Status::Ok();
   if (q == nullptr || out == nullptr) return InvalidArgument("q or out is NULL");
   return ctx->ops->paged_attention_run(ctx, cfg, kv, shape, args, plan, launch, q_indptr, q, out,

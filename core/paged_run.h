@@ -15,6 +15,10 @@ Status CheckFlushRecords(int num_kv_heads, size_t max_tiles);
 Status ParseLaunch(const kvarn_launch_t* in, LaunchArgs* out);
 Status ParseAttentionShape(const kvarn_attention_shape_t* in, AttentionShape* out);
 
+// INVALID_ARGUMENT when the plan's kernel reads the pools with 16-byte copies and kv's pools or
+// record stride are not 16-byte aligned.
+Status CheckPlanPool(const AttentionPlan& plan, const PagedKV& kv);
+
 Status OpAttentionPlan(Context* ctx, const Config& cfg, const AttentionShape& shape,
                        const AttentionArgs& args, AttentionPlan* plan);
 Status OpPagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv,

@@ -89,8 +89,8 @@ struct Case {
   kvarn_dtype_t out_dtype = KVARN_DTYPE_F32;
   int splits = 0;
   int flush_lag = 0;
-  // record_stride = record bytes + this; a multiple of 16 lets k4v2 D128 run on the
-  // tensor-core kernel, others take the general kernel.
+  // record_stride = record bytes + this; a multiple of 16 lets the tensor-core kernels run,
+  // others take the general kernel.
   int stride_padding = 16;
 };
 
@@ -238,6 +238,58 @@ std::vector<Case> Cases() {
     c.out_dtype = KVARN_DTYPE_BF16;
     c.lens = {1500, 900};
     c.q_lens = {48, 100};
+    cs.push_back(c);
+  }
+  {
+    // The tensor-core decode family, every (D, G, key bits, value bits) it has (D512 G128 with
+    // 8-bit keys falls to the general kernel: its record ring does not fit), with the GQA ratios
+    // engines use; every other case extends (off D128 k4v2 extend rows run on the decode kernels).
+    // Lengths: a partial tail, exact tiles, a sink-only sequence, records wrapping the ring.
+    const int ratios[] = {1, 2, 3, 4, 5, 7, 8, 12, 16, 20, 32, 64};
+    int n = 0;
+    for (int D : {64, 128, 256, 512}) {
+      for (int G : {64, 128}) {
+        for (int kb : {2, 4, 8}) {
+          for (int vb : {2, 4, 8}) {
+            const int group = ratios[n % 12];
+            Case c;
+            c.preset =
+                "k" + std::to_string(kb) + "v" + std::to_string(vb) + "_g" + std::to_string(G);
+            c.D = D;
+            c.group = group;
+            c.Hk = group >= 16 ? 1 : 2;
+            c.name =
+                "family_d" + std::to_string(D) + "_" + c.preset + "_gqa" + std::to_string(group);
+            c.lens = {G - 5, 13 * G + 7, 3 * G, 30 * G + 1};
+            if (n % 2 == 1) {
+              c.name += "_extend";
+              c.q_lens = {1, 3, 2, 7};
+            }
+            if (n % 5 == 0) c.splits = 1;  // one split: the ring wraps its stages many times
+            cs.push_back(c);
+            ++n;
+          }
+        }
+      }
+    }
+    // Long contexts on the family off the design point (split choice, many ring wraps).
+    Case c;
+    c.name = "family_long32k_d256_k4v4";
+    c.preset = "k4v4_g128";
+    c.D = 256;
+    c.Hk = 1;
+    c.group = 2;
+    c.lens = {32768 + 77, 4000};
+    cs.push_back(c);
+    c.name = "family_long32k_d64_k8v8_gqa8";
+    c.preset = "k8v8_g128";
+    c.D = 64;
+    c.group = 8;
+    cs.push_back(c);
+    c.name = "family_long32k_d512_k2v2";
+    c.preset = "k2v2_g128";
+    c.D = 512;
+    c.group = 1;
     cs.push_back(c);
   }
   {

@@ -51,6 +51,7 @@ struct Faults {
 Status AttentionPlanFor(Context*, const Config&, const AttentionShape& shape,
                         const AttentionArgs& args, AttentionPlan* plan) {
   *plan = AttentionPlan{};  // splits follow the lengths of each call; no workspace
+  plan->kernel = "cpu";
   plan->rows_total = static_cast<size_t>(shape.max_total_q) * args.num_q_heads;
   return Status::Ok();
 }

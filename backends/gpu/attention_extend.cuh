@@ -37,8 +37,8 @@ namespace kvarn {
 namespace gpu {
 namespace ext {
 
-using mma::kD;
-using mma::kKChunks;
+constexpr int kD = 128;  // the extend kernel's shape: D128, k4v2
+constexpr int kKChunks = kD / 16;
 
 constexpr int kWarps = 4;
 constexpr int kCtaRows = 16 * kWarps;  // query rows per CTA
@@ -47,8 +47,8 @@ constexpr int kCtasPerSm = 2;
 template <int G>
 struct Layout {
   static constexpr int kNT = G / 8;  // score n-tiles of 8 token positions
-  static constexpr int kRecordBytes = mma::Ring<G>::kRecordBytes;
-  static constexpr int kStageBytes = mma::Ring<G>::kStageBytes;
+  static constexpr int kRecordBytes = mma::Shape<kD, G, 4, 2>::kRecordBytes;
+  static constexpr int kStageBytes = mma::Shape<kD, G, 4, 2>::kStageBytes;
 };
 
 template <int G>
@@ -65,12 +65,16 @@ struct ExtendSmem {
 };
 
 // Token t's position inside its group of 8 (nibbles k and k+4 of a word side by side), and back.
-__device__ __forceinline__ int TokenPos(int t) { return (t & ~7) | ((t & 3) << 1) | ((t >> 2) & 1); }
+__device__ __forceinline__ int TokenPos(int t) {
+  return (t & ~7) | ((t & 3) << 1) | ((t >> 2) & 1);
+}
 // Channel d's position inside its group of 16 (2-bit fields k and k+8 side by side), and back.
 __device__ __forceinline__ int ChannelPos(int d) {
   return (d & ~15) | ((d & 7) << 1) | ((d >> 3) & 1);
 }
-__device__ __forceinline__ int ChannelAt(int p) { return (p & ~15) | ((p & 15) >> 1) | ((p & 1) << 3); }
+__device__ __forceinline__ int ChannelAt(int p) {
+  return (p & ~15) | ((p & 15) >> 1) | ((p & 1) << 3);
+}
 
 // Offsets (halves) of element `col` of row `row` in a [rows][cols] fp16 array whose 16-byte
 // chunks are XOR-swizzled by row % 8.
@@ -80,7 +84,9 @@ __device__ __forceinline__ int Swizzled(int row, int col) {
 }
 
 __device__ __forceinline__ __half2 U2H(uint32_t u) { return *reinterpret_cast<const __half2*>(&u); }
-__device__ __forceinline__ uint32_t H2U(__half2 h) { return *reinterpret_cast<const uint32_t*>(&h); }
+__device__ __forceinline__ uint32_t H2U(__half2 h) {
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
 
 // Four 8x8 fp16 matrices, transposed: B fragments of two n-tiles from a [k][n] array.
 __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const __half* p) {
@@ -148,7 +154,8 @@ __device__ __forceinline__ void UnpackRecord(const AttnParams& P, const uint8_t*
         const __half2 x = __hsub2(U2H(mma::BiasedCodes<0x03>(words[e] >> (2 * k))), bias);
         h[k] = H2U(__hmul2(__hfma2(x, a, z), U2H(c)));
       }
-      *reinterpret_cast<uint4*>(S.vs + Swizzled<kD>(tp, 16 * w)) = make_uint4(h[0], h[1], h[2], h[3]);
+      *reinterpret_cast<uint4*>(S.vs + Swizzled<kD>(tp, 16 * w)) =
+          make_uint4(h[0], h[1], h[2], h[3]);
       *reinterpret_cast<uint4*>(S.vs + Swizzled<kD>(tp, 16 * w + 8)) =
           make_uint4(h[4], h[5], h[6], h[7]);
     }
@@ -190,8 +197,8 @@ __device__ __forceinline__ void CopyPage(const __half* kp, const __half* vp, int
 
 // One warp's online-softmax state for its 16 rows: lane (g, c) holds rows g and g + 8.
 struct RowState {
-  float m[2], l[2];           // running max (log2 domain) and this lane's partial sum
-  float o[kD / 8][4];         // O fragments: n-tile nt = channel positions 8nt + 2c, +1
+  float m[2], l[2];    // running max (log2 domain) and this lane's partial sum
+  float o[kD / 8][4];  // O fragments: n-tile nt = channel positions 8nt + 2c, +1
 };
 
 // One warp's pass over the tile in ks/vs (keys from key0): scores, softmax, values.
@@ -361,8 +368,8 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
 
   for (int idx = tid; idx < kCtaRows * kD; idx += blockDim.x) {
     const int r = idx / kD, d = idx % kD;
-    S.q[idx] = S.qrow[r] >= 0 ? LoadElem(P.q, static_cast<size_t>(S.qrow[r]) * kD + d, P.q_dtype)
-                              : 0.f;
+    S.q[idx] =
+        S.qrow[r] >= 0 ? LoadElem(P.q, static_cast<size_t>(S.qrow[r]) * kD + d, P.q_dtype) : 0.f;
   }
   __syncthreads();
   if (P.k_rotate) BlockFwht(S.q, kCtaRows, kD, P.log2D);

@@ -68,6 +68,7 @@ struct AttnParams {
   int32_t max_q_per_seq;
   int32_t max_total_q;
   int32_t batch;
+  bool bulk_ring;  // tensor-core kernel: sm_90 bulk copies feed the record ring (else cp.async)
 };
 
 // A bad table entry or length of sequence b: its status entry, or the context's sticky words.
@@ -553,18 +554,14 @@ using Plan = AttentionPlan;  // core/backend.h: what a plan decides, kept by the
 
 size_t Align256(size_t x) { return (x + 255) / 256 * 256; }
 
-// Whether the tensor-core kernel takes this shape (alignment aside: a misaligned pool falls back
-// to the general kernel with the same plan, so the workspace size never depends on pointers).
-// Under HIP the tensor-core kernel is not built (inline PTX), so no shape takes it.
-bool MmaShape(const CudaState* st, const Config& cfg) {
-#if KVARN_GPU_HAS_MMA
-  return st->cc_major >= 8 && cfg.D == 128 && (cfg.G == 64 || cfg.G == 128) && cfg.key_bits == 4 &&
-         cfg.value_bits == 2;
-#else
-  (void)st;
-  (void)cfg;
-  return false;
-#endif
+// Whether the tensor-core decode kernel family has this shape (alignment aside: a misaligned
+// pool falls back to the general kernel with the same plan, so the workspace size never depends
+// on pointers). Under HIP the tensor-core kernels are not built (inline PTX), so no shape has it.
+bool MmaShape(const CudaState* st, const Config& cfg);
+
+// The tensor-core extend kernel's shapes: D128, G 64/128, k4v2.
+bool ExtendMmaShape(const CudaState* st, const Config& cfg) {
+  return MmaShape(st, cfg) && cfg.D == 128 && cfg.key_bits == 4 && cfg.value_bits == 2;
 }
 
 // The kernel-selection switches for tests and comparisons (backends/gpu/README.md), read once.
@@ -573,8 +570,14 @@ bool EnvEquals(const char* name, const char* value) {
   return e != nullptr && std::string(e) == value;
 }
 
-int MmaCtasPerSm(CudaState* st, int G);
-int MmaRecordsPerIteration(int G);  // records a CTA of the tensor-core kernel consumes at once
+// KVARN_CUDA_ATTENTION=generic: the general kernel for every shape.
+bool ForcedGeneric() {
+  static const bool forced = EnvEquals("KVARN_CUDA_ATTENTION", "generic");
+  return forced;
+}
+
+int MmaCtasPerSm(CudaState* st, const Config& cfg);
+int MmaRecordsPerIteration(const Config& cfg);  // records a tensor-core CTA consumes at once
 int ExtendCtasPerSm(CudaState* st, int G);
 constexpr int kExtendCtaRows = 64;  // query rows per CTA of the extend kernel (ext::kCtaRows)
 
@@ -584,7 +587,7 @@ constexpr int kExtendCtaRows = 64;  // query rows per CTA of the extend kernel (
 // KVARN_CUDA_EXTEND=off keeps the decode kernels (tests compare the two).
 bool ExtendShape(const CudaState* st, const Config& cfg, int max_rows) {
   static const bool disabled = EnvEquals("KVARN_CUDA_EXTEND", "off");
-  return !disabled && MmaShape(st, cfg) && max_rows >= 32;
+  return !disabled && ExtendMmaShape(st, cfg) && max_rows >= 32;
 }
 
 // Splits per (sequence, KV head, row chunk) work item for the tensor-core kernels, whose CTAs
@@ -620,8 +623,8 @@ int ChooseSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles)
     return static_cast<int>(
         std::max<int64_t>(1, std::min<int64_t>({want, (max_tiles + 3) / 4, cap})));
   }
-  return WholeWaveSplits(static_cast<int64_t>(MmaCtasPerSm(st, cfg.G)) * st->sm_count,
-                         MmaRecordsPerIteration(cfg.G), items, max_tiles);
+  return WholeWaveSplits(static_cast<int64_t>(MmaCtasPerSm(st, cfg)) * st->sm_count,
+                         MmaRecordsPerIteration(cfg), items, max_tiles);
 }
 
 // Splits for the extend kernel: compute bound, one tile per CTA iteration.
@@ -656,6 +659,10 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
     p.acc_bytes = Align256(p.rows_total * p.splits * cfg.D * sizeof(float));
   }
   p.workspace = p.ml_bytes + p.acc_bytes;
+  p.needs_aligned_pool = MmaShape(State(ctx), cfg) && !ForcedGeneric();
+  p.kernel = !p.needs_aligned_pool ? "cuda-general"
+             : p.extend            ? "cuda-tensor-core-extend"
+                                   : "cuda-tensor-core-decode";
   return p;
 }
 
@@ -681,6 +688,14 @@ Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const Attent
   return Status::Ok();
 }
 
+// The tensor-core kernels read records and pages with 16-byte copies: the pools and the record
+// stride must keep every record and page 16-byte aligned.
+bool MmaAligned(const PagedKV& kv) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return kv.record_stride % 16 == 0 && aligned(kv.records) && aligned(kv.k_pages) &&
+         aligned(kv.v_pages);
+}
+
 int Log2(int x) {
   int l = 0;
   while ((1 << l) < x) ++l;
@@ -702,17 +717,20 @@ namespace {
 
 #if KVARN_GPU_HAS_MMA
 
-// The tensor-core kernel covers the design point (D128, G 64/128, k4v2) on sm_80+ when every
-// pointer it reads with 16-byte copies is 16-byte aligned; KVARN_CUDA_ATTENTION=generic forces
-// the general kernel (tests compare the two). On sm_90 its record ring is fed by bulk copies;
-// KVARN_CUDA_RING=cpasync forces the sm_80 cp.async ring there (tests run both).
+bool MmaShape(const CudaState* st, const Config& cfg) {
+  if (st->cc_major < 8 || cfg.record_bytes() == 0) return false;
+  size_t record_bytes = 0;
+  const bool has = mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits,
+                                  [&](auto s) { record_bytes = decltype(s)::kRecordBytes; });
+  return has && record_bytes == cfg.record_bytes();
+}
+
+// The tensor-core kernels take their shapes on sm_80+ when every pointer they read with 16-byte
+// copies is 16-byte aligned; KVARN_CUDA_ATTENTION=generic forces the general kernel (tests
+// compare the two). On sm_90 the record ring is fed by bulk copies; KVARN_CUDA_RING=cpasync
+// forces the sm_80 cp.async ring there (tests run both).
 bool UseMmaKernel(const CudaState* st, const Config& cfg, const PagedKV& kv) {
-  static const bool forced_generic = EnvEquals("KVARN_CUDA_ATTENTION", "generic");
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const size_t expected = cfg.G == 128 ? mma::Ring<128>::kRecordBytes : mma::Ring<64>::kRecordBytes;
-  return !forced_generic && MmaShape(st, cfg) && cfg.record_bytes() == expected &&
-         kv.record_stride % 16 == 0 && aligned(kv.records) && aligned(kv.k_pages) &&
-         aligned(kv.v_pages);
+  return !ForcedGeneric() && MmaShape(st, cfg) && MmaAligned(kv);
 }
 
 bool UseBulkRing(const CudaState* st) {
@@ -745,10 +763,9 @@ int PrepareKernel(int device) {
   return std::max(n, 0);
 }
 
-template <int G, bool kBulk>
+template <class S>
 int PrepareMma(int device) {
-  return PrepareKernel<mma::MmaAttentionKernel<G, kBulk>, sizeof(mma::MmaSmem<G>),
-                       mma::kWarps * kWarpSize>(device);
+  return PrepareKernel<mma::MmaAttentionKernel<S>, sizeof(mma::MmaSmem<S>), S::kThreads>(device);
 }
 
 template <int G>
@@ -757,19 +774,19 @@ int PrepareExtend(int device) {
                        ext::kWarps * kWarpSize>(device);
 }
 
-template <int G>
-int PrepareMma(const CudaState* st) {
-  return UseBulkRing(st) ? PrepareMma<G, true>(st->device) : PrepareMma<G, false>(st->device);
-}
-
-int MmaCtasPerSm(CudaState* st, int G) {
+int MmaCtasPerSm(CudaState* st, const Config& cfg) {
   DeviceGuard guard(st->device);
-  const int n = G == 128 ? PrepareMma<128>(st) : PrepareMma<64>(st);
+  int n = 0;
+  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits,
+                 [&](auto s) { n = PrepareMma<decltype(s)>(st->device); });
   return std::max(n, 1);
 }
 
-int MmaRecordsPerIteration(int G) {
-  return G == 128 ? mma::Ring<128>::kSlots : mma::Ring<64>::kSlots;
+int MmaRecordsPerIteration(const Config& cfg) {
+  int groups = 1;
+  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits,
+                 [&](auto s) { groups = decltype(s)::kGroups; });
+  return groups;
 }
 
 static_assert(ext::kCtaRows == kExtendCtaRows, "the plan's row chunks are the kernel's CTAs");
@@ -791,35 +808,37 @@ Status LaunchExtend(CudaState* st, const AttnParams& P, dim3 grid) {
   return CheckLaunch("ExtendAttentionKernel");
 }
 
-template <int G>
-Status LaunchMma(CudaState* st, const AttnParams& P, dim3 grid) {
-  if (PrepareMma<G>(st) == 0) {
+template <class S>
+Status LaunchMmaShape(CudaState* st, const AttnParams& P, dim3 grid) {
+  const size_t smem = sizeof(mma::MmaSmem<S>);
+  if (PrepareMma<S>(st->device) == 0) {
     return {KVARN_ERR_DEVICE, "the tensor-core attention kernel cannot run on this device (" +
-                                  std::to_string(sizeof(mma::MmaSmem<G>)) +
-                                  " bytes of shared memory per CTA)"};
+                                  std::to_string(smem) + " bytes of shared memory per CTA)"};
   }
-  const size_t smem = sizeof(mma::MmaSmem<G>);
-  const unsigned threads = mma::kWarps * kWarpSize;
-  if (UseBulkRing(st)) {
-    mma::MmaAttentionKernel<G, true><<<grid, threads, smem, st->stream>>>(P);
-  } else {
-    mma::MmaAttentionKernel<G, false><<<grid, threads, smem, st->stream>>>(P);
-  }
+  mma::MmaAttentionKernel<S><<<grid, S::kThreads, smem, st->stream>>>(P);
   return CheckLaunch("MmaAttentionKernel");
+}
+
+Status LaunchMma(CudaState* st, const Config& cfg, AttnParams& P, dim3 grid) {
+  P.bulk_ring = UseBulkRing(st);
+  Status status = {KVARN_ERR_INTERNAL, "no tensor-core attention kernel for this shape"};
+  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits,
+                 [&](auto s) { status = LaunchMmaShape<decltype(s)>(st, P, grid); });
+  return status;
 }
 
 #else  // no tensor-core kernel (HIP): the general kernel takes every shape
 
+bool MmaShape(const CudaState*, const Config&) { return false; }
 bool UseMmaKernel(const CudaState*, const Config&, const PagedKV&) { return false; }
-int MmaCtasPerSm(CudaState*, int) { return 1; }
+int MmaCtasPerSm(CudaState*, const Config&) { return 1; }
 int ExtendCtasPerSm(CudaState*, int) { return 1; }
 template <int G>
 Status LaunchExtend(CudaState*, const AttnParams&, dim3) {
   return {KVARN_ERR_INTERNAL, "this build has no tensor-core extend kernel"};
 }
-int MmaRecordsPerIteration(int) { return 1; }
-template <int G>
-Status LaunchMma(CudaState*, const AttnParams&, dim3) {
+int MmaRecordsPerIteration(const Config&) { return 1; }
+Status LaunchMma(CudaState*, const Config&, AttnParams&, dim3) {
   return {KVARN_ERR_INTERNAL, "this build has no tensor-core attention kernel"};
 }
 
@@ -904,7 +923,7 @@ Status LaunchAttention(CudaState* st, const Config& cfg, const PagedKV& kv, cons
     KVARN_RETURN_IF_ERROR(cfg.G == 128 ? LaunchExtend<128>(st, P, grid)
                                        : LaunchExtend<64>(st, P, grid));
   } else if (mma) {
-    KVARN_RETURN_IF_ERROR(cfg.G == 128 ? LaunchMma<128>(st, P, grid) : LaunchMma<64>(st, P, grid));
+    KVARN_RETURN_IF_ERROR(LaunchMma(st, cfg, P, grid));
   } else {
     KVARN_RETURN_IF_ERROR(LaunchGeneric(st, cfg, P, grid));
   }

@@ -1,30 +1,41 @@
-// The tensor-core path of paged attention (sm_80+): D128, G 64/128, 4-bit keys, 2-bit values.
-// Included by attention_kernels.cu (AttnParams, BlockFwht, the work-item layout and the merge
-// are shared with the general kernel there).
+// The tensor-core path of paged decode attention (sm_80+): one kernel family over
+// (D, G, key bits, value bits) = {64, 128, 256, 512} x {64, 128} x {2, 4, 8} x {2, 4, 8}, every
+// shape whose record ring fits in shared memory (Shape<>::kFits). Included by
+// attention_kernels.cu (AttnParams, BlockFwht, the work-item layout and the merge are shared with
+// the general kernel there).
 //
 // Decode reads every record once per KV head and does little arithmetic on it, so the kernel is
 // built to keep HBM busy: whole records stream into a CTA-wide shared-memory ring (sm_90: one
 // bulk asynchronous copy per record, completing on an mbarrier; sm_80: cp.async) of kStages
-// records, so that kStages - kWarps records per CTA are in flight while the warps compute on the
-// others (G 128: 6 stages, 2 CTAs per SM; G 64: 8 stages, 3 CTAs per SM).
+// records, so that kStages - kGroups records per CTA are in flight while the warps compute on the
+// others. Shape<> picks the stage count, warps and CTAs per SM from the record size.
 //
-// Each warp takes a whole record at a time (record k of the split goes to warp k % kWarps) and
-// keeps its own online softmax; the CTA's 4 warps merge at the end. A record's query fragments
-// (which depend on its channel scales) are built once per record, and its G tokens are one
-// softmax step. Per record, with 8 query rows n (zero-padded):
+// A group of kChanWarps warps takes a whole record at a time (record k of the split goes to group
+// k % kGroups). Each warp of the group owns a slice of kDw = D / kChanWarps channels (64 or 128):
+// it computes the partial scores of its slice, the group sums them through shared memory (in a
+// fixed order, so every warp of the group sees bit-identical scores and runs the same online
+// softmax), and each warp accumulates the values of its own channels. D 64 and 128 have one warp
+// per record, D 256 two, D 512 four. A record's query fragments (which depend on its channel
+// scales) are built once per record, and its G tokens are one softmax step. Per record, with 8
+// query rows n (zero-padded):
 //   scores  S^T[t, n] = sum_d code[d, t] * (q'[n, d] a_d)      (mma m16n8k16: M tokens, K d)
 //   values  O^T[d, n] += sum_t code[t, d] * (p[n, t] a'_t)     (mma m16n8k16: M d, K tokens)
 // The integer codes are the A operand, unpacked to fp16 with byte permutes and the 0x6400
-// exponent trick (1024 + code; the 1024 times the other operand's column sums, which an all-ones
-// A gives, is subtracted once). Which token or channel sits at which fragment position is
-// chosen so that every byte a thread loads feeds its own fragments (TM = G / 16 m-tiles):
-//   scores: m-tile j, row g -> token 2TMg + 2j (low nibble), row g+8 -> the next token (high
-//           nibble); k slot 2c+e+8h -> channel 16i + c + 4(e + 2h) (the 4 channel rows a thread
-//           reads are 4 apart, so the 4 thread columns c read 4 neighbouring rows: at most a
-//           2-way bank conflict where adjacent channels would give 4-way)
-//   values: m-tile mt, row g -> channel 16g + 4(mt/2) + 2(mt%2), row g+8 -> the next channel;
-//           k slot -> token 16kc + slot (identity, so P comes from shared memory by ldmatrix).
+// exponent trick (1024 + code * 2^shift, the code left where it sits in its byte; the 1024 times
+// the other operand's column sums, which an all-ones A gives, is subtracted once, and the
+// power-of-two shift divided out, both exact). Which token or channel sits at which fragment
+// position is chosen so that every byte a thread loads feeds its own fragments:
+//   scores: thread group g owns the 2TM consecutive tokens from 2TMg (TM = G / 16 m-tiles);
+//           m-tile j, row g -> its token 2j, row g+8 -> its token 2j+1 (CodeSlot: for 4-bit
+//           codes the low and high nibble of byte j; 2-bit: bits 4(j%2) and 4(j%2)+2 of byte
+//           j/2; 8-bit: bytes 2j, 2j+1); k slot 2c+e+8h -> channel 16i + c + 4(e + 2h) (the 4
+//           channel rows a thread reads are 4 apart: at most a 2-way bank conflict)
+//   values: thread group g owns kDw/8 consecutive channels of the warp's slice; m-tile mt, row g
+//           -> its channel 2mt, row g+8 -> 2mt+1 (CodeSlot again); k slot -> token 16kc + slot
+//           (identity, so P comes from shared memory by ldmatrix).
 #pragma once
+
+#include <utility>
 
 #if !KVARN_GPU_HAS_MMA
 #error "attention_mma.cuh is CUDA-only (inline PTX; 32-lane mma.sync/ldmatrix tiles)"
@@ -34,27 +45,99 @@ namespace kvarn {
 namespace gpu {
 namespace mma {
 
-constexpr int kWarps = 4;
-constexpr int kD = 128;
-constexpr int kKChunks = kD / 16;        // k-chunks of the score product, m-tiles of the values
 // Halves per row of a warp's P buffer for TM m-tiles of 16 tokens (+8: no bank conflicts).
 template <int TM>
 constexpr int PStride() {
   return 16 * TM + 8;
 }
 
-// The record ring of one tile size (k4v2, D128).
-template <int G>
-struct Ring {
-  static constexpr int kTM = G / 16;      // m-tiles of 16 tokens: a warp takes a whole record
-  static constexpr int kSlots = kWarps;   // records consumed at once, one per warp
-  // Stages: the records consumed plus those in flight. G 128: 6 (83 KB; 2 CTAs per SM with up to
-  // 255 registers per thread); G 64: 8 (58 KB; 3 CTAs per SM, 168 registers).
-  static constexpr int kStages = G == 128 ? 6 : 8;
-  static constexpr int kMinCtasPerSm = G == 128 ? 2 : 3;
-  static constexpr int kRecordBytes = G * kD * 6 / 8 + 6 * kD + 6 * G;
+// Where code 2j+e of a thread's run of codes sits (j: m-tile, e: row half): its byte in the run
+// and its bit shift. Keys (run of tokens) and values (run of channels) use the same rule.
+template <int kBits>
+constexpr int CodeByte(int j, int e) {
+  return kBits == 8 ? 2 * j + e : kBits == 4 ? j : j / 2;
+}
+template <int kBits>
+constexpr int CodeShift(int j, int e) {
+  return kBits == 8 ? 0 : kBits == 4 ? 4 * e : 4 * (j % 2) + 2 * e;
+}
+template <int kBits>
+constexpr uint32_t CodeMask(int j, int e) {
+  return ((1u << kBits) - 1u) << CodeShift<kBits>(j, e);
+}
+
+// Shared-memory budget of one CTA when n CTAs share an SM (228 KB per SM, 1 KB reserved per CTA,
+// at most 227 KB per CTA).
+constexpr int kSmemPerSm = 228 * 1024;
+constexpr int CtaSmemBudget(int ctas) {
+  return kSmemPerSm / ctas - 1024 < 227 * 1024 ? kSmemPerSm / ctas - 1024 : 227 * 1024;
+}
+
+// One instantiation of the kernel family.
+template <int D_, int G_, int KB_, int VB_>
+struct Shape {
+  static constexpr int D = D_, G = G_, KB = KB_, VB = VB_;
+  static constexpr int TM = G / 16;                          // m-tiles of 16 tokens
+  static constexpr int kChanWarps = D >= 256 ? D / 128 : 1;  // warps sharing one record
+  static constexpr int kDw = D / kChanWarps;                 // channels of one warp's slice
+  static constexpr int kKChunks = kDw / 16;  // a warp's k-chunks of the scores, m-tiles of values
+  static constexpr int kRecordBytes = D * G * (KB + VB) / 8 + 6 * D + 6 * G;
   static constexpr int kStageBytes = (kRecordBytes + 127) / 128 * 128;
   static_assert(kRecordBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
+  // Bytes of a thread's run of codes: 2TM tokens of one channel row, kDw/8 channels of one token.
+  static constexpr int kKeyRunBytes = 2 * TM * KB / 8;
+  static constexpr int kValueRunBytes = kDw / 8 * VB / 8;
+  // The per-warp buffer: P (fp16 probabilities) or, for kChanWarps > 1, the partial scores the
+  // group exchanges (never both at once: the exchange is over before the softmax writes P).
+  static constexpr int kPHalves = 8 * PStride<TM>();
+  static constexpr int kXsFloats = kChanWarps > 1 ? TM * 4 * 32 : 0;
+  static constexpr int kWarpBufBytes =
+      (kPHalves * 2 > kXsFloats * 4 ? kPHalves * 2 : kXsFloats * 4 + 15) / 16 * 16;
+
+  // Shared memory besides the ring for `groups` record groups.
+  static constexpr int FixedBytes(int groups) {
+    return 8 * D * 4 /* q */ + D * 32 /* qf */ + groups * kChanWarps * kWarpBufBytes +
+           groups * 8 * 8 /* wm, wl */ + 8 * 16 /* m, l, limit, qrow */ + 16 * 16 /* barriers */ +
+           256 /* alignment */;
+  }
+  struct Choice {
+    int groups, stages, ctas;
+  };
+  // Records consumed at once (groups), ring stages and CTAs per SM: among the layouts that fit
+  // (a stage in flight beside the consumed ones, the end-of-CTA merge inside the ring), the one
+  // with enough bytes in flight per SM to cover HBM latency (40 KB), then the most warps per SM
+  // (at most 16), then the most bytes in flight.
+  static constexpr Choice Choose() {
+    Choice best{0, 0, 0};
+    long best_key = -1;
+    for (int ctas = 1; ctas <= 3; ++ctas) {
+      for (int groups = 1; groups <= 4; groups *= 2) {
+        const int budget = CtaSmemBudget(ctas) - FixedBytes(groups);
+        if (budget <= 0) continue;
+        int stages = budget / kStageBytes;
+        if (stages > groups + 4) stages = groups + 4;
+        if (stages < groups + 1) continue;
+        if ((groups + 1) * 8 * D * 4 > stages * kStageBytes) continue;  // merge area
+        const int warps_sm = ctas * groups * kChanWarps;
+        if (warps_sm > 16 || groups * kChanWarps * 32 > 512) continue;
+        const long inflight = static_cast<long>(ctas) * (stages - groups) * kRecordBytes;
+        const long covered = inflight < 40 * 1024 ? inflight : 40 * 1024;
+        const long key = (covered << 32) | (static_cast<long>(warps_sm) << 24) | (inflight >> 8);
+        if (key > best_key) {
+          best_key = key;
+          best = Choice{groups, stages, ctas};
+        }
+      }
+    }
+    return best;
+  }
+  static constexpr Choice kChoice = Choose();
+  static constexpr bool kFits = kChoice.groups > 0;
+  static constexpr int kGroups = kFits ? kChoice.groups : 1;
+  static constexpr int kWarps = kGroups * kChanWarps;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kStages = kFits ? kChoice.stages : 1;
+  static constexpr int kMinCtasPerSm = kFits ? kChoice.ctas : 1;
 };
 
 __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
@@ -76,9 +159,9 @@ __device__ __forceinline__ void BarrierInitFence() {
 }
 __device__ __forceinline__ void BarrierArrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(
-                   SmemAddr(bar))
-               : "memory");
+  asm volatile(
+      "{\n .reg .b64 state;\n mbarrier.arrive.shared.b64 state, [%0];\n}\n" ::"r"(SmemAddr(bar))
+      : "memory");
 #endif
 }
 __device__ __forceinline__ void BarrierWait(uint64_t* bar, uint32_t parity) {
@@ -128,8 +211,7 @@ __device__ __forceinline__ void CpAsync16(void* dst, const void* src) {
 }
 __device__ __forceinline__ void CpAsyncArrive(uint64_t* bar) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(SmemAddr(bar))
-               : "memory");
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared.b64 [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
 #endif
 }
 
@@ -230,30 +312,55 @@ __device__ __forceinline__ float FastExp2(float x) {
   return y;
 }
 
+// f(std::integral_constant<int, I>) for I = 0 .. N-1: the loop index as a constant expression
+// (the code masks are instruction immediates).
+template <typename F, int... I>
+__device__ __forceinline__ void StaticForImpl(F&& f, std::integer_sequence<int, I...>) {
+  (f(std::integral_constant<int, I>{}), ...);
+}
+template <int N, typename F>
+__device__ __forceinline__ void StaticFor(F&& f) {
+  StaticForImpl(f, std::make_integer_sequence<int, N>{});
+}
+
+// A thread's run of kBytes code bytes (2, 4, 8 or 16; aligned to kBytes) into 32-bit words.
+template <int kBytes>
+__device__ __forceinline__ void LoadRun(const uint8_t* p, uint32_t (&w)[(kBytes + 3) / 4]) {
+  if constexpr (kBytes == 16) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p);
+    w[0] = u.x;
+    w[1] = u.y;
+    w[2] = u.z;
+    w[3] = u.w;
+  } else if constexpr (kBytes == 8) {
+    const uint2 u = *reinterpret_cast<const uint2*>(p);
+    w[0] = u.x;
+    w[1] = u.y;
+  } else if constexpr (kBytes == 4) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+  } else {
+    static_assert(kBytes == 2, "runs of 2, 4, 8 or 16 bytes");
+    w[0] = *reinterpret_cast<const uint16_t*>(p);
+  }
+}
+
 // Per-warp state of the online softmax over the tiles it visits (log2 domain).
+template <int kKChunks>
 struct WarpState {
   float m[2];              // running max of rows 2c, 2c+1 (warp-uniform per row)
   float l[2];              // partial sums of this thread's tokens
-  float acc[kKChunks][4];  // O^T fragments: m-tile mt, (channel, row) pairs as in Mma16816
+  float acc[kKChunks][4];  // O^T fragments of the warp's channels (see RecordTile)
 };
 
-// What a record's scores need besides the products, for rows n = 2c, 2c+1: the token scales
-// and the offsets of low-nibble tokens (qzl = sum q z - 1024 sum q a) and of high-nibble tokens,
-// whose products come 16x scaled (qzh = sum q z - 1024 sum q a / 16).
-struct ScoreTerms {
-  float qzl[2], qzh[2];
-};
-constexpr float kHiNibble = 1.f / 16.f;
-
-// Scores of one tile into s (C fragments of TM m-tiles), with masking (kMask: some key of the
-// tile is past some row's limit) and softmax; writes p * a'_t (or p) for rows n = 2c, 2c+1 to
-// the warp's P buffer and returns in alpha the rescale factors and in pzz the value-zero sums
-// sum p z'_t of the two rows (0 for pages).
+// Masks (kMask: some key of the tile is past some row's limit) and exponentiates the scores s
+// (C fragments of TM m-tiles; for records still to be multiplied by the token scales ct); writes
+// p * a'_t (or p) for rows n = 2c, 2c+1 to the warp's P buffer and returns in alpha the rescale
+// factors and in pzz the value-zero sums sum p z'_t of the two rows (0 for pages).
 template <int TM, bool kMask>
 __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 * TM],
                                         const float (&va)[2 * TM], const float (&vz)[2 * TM],
-                                        bool is_record, const ScoreTerms& T, int key0, int lim0,
-                                        int lim1, int g, int c, WarpState& W, __half* pbuf,
+                                        bool is_record, int key0, int lim0, int lim1, int g, int c,
+                                        float (&m)[2], float (&l)[2], __half* pbuf,
                                         float (&alpha)[2], float (&pzz)[2]) {
   float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
@@ -264,13 +371,8 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
       const int key = key0 + t;
       float a = s[j][2 * e], b = s[j][2 * e + 1];
       if (is_record) {
-        if (e == 0) {
-          a = ct[2 * j] * (a + T.qzl[0]);
-          b = ct[2 * j] * (b + T.qzl[1]);
-        } else {
-          a = ct[2 * j + 1] * fmaf(a, kHiNibble, T.qzh[0]);
-          b = ct[2 * j + 1] * fmaf(b, kHiNibble, T.qzh[1]);
-        }
+        a *= ct[2 * j + e];
+        b *= ct[2 * j + e];
       }
       if (kMask) {
         a = key < lim0 ? a : -INFINITY;
@@ -287,13 +389,13 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o));
   }
-  const float mn0 = fmaxf(W.m[0], mx0), mn1 = fmaxf(W.m[1], mx1);
+  const float mn0 = fmaxf(m[0], mx0), mn1 = fmaxf(m[1], mx1);
   // A row with no key yet keeps m = -inf; subtracting 0 then gives 2^-inf = 0 for its p and alpha.
   const float ms0 = mn0 == -INFINITY ? 0.f : mn0, ms1 = mn1 == -INFINITY ? 0.f : mn1;
-  alpha[0] = FastExp2(W.m[0] - ms0);
-  alpha[1] = FastExp2(W.m[1] - ms1);
-  W.m[0] = mn0;
-  W.m[1] = mn1;
+  alpha[0] = FastExp2(m[0] - ms0);
+  alpha[1] = FastExp2(m[1] - ms1);
+  m[0] = mn0;
+  m[1] = mn1;
   float sum0 = 0.f, sum1 = 0.f, z0 = 0.f, z1 = 0.f;
   uint32_t packed0[TM], packed1[TM];
 #pragma unroll
@@ -314,8 +416,8 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
       packed1[j] = PackHalf2(p[1], p[3]);
     }
   }
-  W.l[0] = W.l[0] * alpha[0] + sum0;
-  W.l[1] = W.l[1] * alpha[1] + sum1;
+  l[0] = l[0] * alpha[0] + sum0;
+  l[1] = l[1] * alpha[1] + sum1;
 #pragma unroll
   for (int o = 4; o < 32; o *= 2) {
     z0 += __shfl_xor_sync(0xffffffffu, z0, o);
@@ -343,32 +445,72 @@ __device__ __forceinline__ int QueryFragmentSlot(int i, int lane, int r) {
 }
 
 // qf[QueryFragmentSlot(i, lane, r)] <- q[row g][channel 16i + c + 4r] of lane (g, c).
+template <int D>
 __device__ __forceinline__ void ScatterQueryFragments(const float* q, float* qf) {
-  for (int idx = threadIdx.x; idx < kKChunks * 4 * kWarpSize; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < D / 16 * 4 * kWarpSize; idx += blockDim.x) {
     const int i = idx / (4 * kWarpSize), lane = (idx / 4) % kWarpSize, r = idx % 4;
-    qf[QueryFragmentSlot(i, lane, r)] = q[(lane >> 2) * kD + 16 * i + (lane & 3) + 4 * r];
+    qf[QueryFragmentSlot(i, lane, r)] = q[(lane >> 2) * D + 16 * i + (lane & 3) + 4 * r];
   }
 }
 
-// One warp's pass over a whole record tile (G tokens from key0) held in shared memory.
-// lim_min: the smallest key limit of the CTA's query rows (no masking below it).
-template <int G>
-__device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* rec,
-                                           const float* qf, int key0, int lim0, int lim1,
-                                           int lim_min, __half* pbuf, WarpState& W) {
-  constexpr int TM = G / 16;
-  const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
-  // B fragments of the score product: (q' a) for row n = g, channels 16i + c + 4r, r = 0..3.
-  uint32_t qa[kKChunks][2], qal[kKChunks][2];  // B operand, high and low fp16 parts
-  float qz = 0.f;                               // sum q z
+// Barrier of the kChanWarps warps of record group u (named barrier 1 + u; 0 is __syncthreads).
+template <class S>
+__device__ __forceinline__ void GroupSync(int u) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(1 + u), "n"(S::kChanWarps * 32) : "memory");
+}
+
+// The group's warps add their partial scores (their channel slices) in one fixed order, so every
+// warp of the group holds bit-identical sums. xs: the group's kChanWarps buffers; wl: this warp's.
+template <class S>
+__device__ __forceinline__ void SumGroupScores(float (&s)[S::TM][4], float* xs, int u, int wl) {
+  if constexpr (S::kChanWarps > 1) {
+    constexpr int kStride = S::kWarpBufBytes / 4;
+    const int lane = threadIdx.x % kWarpSize;
+    float* mine = xs + wl * kStride;
 #pragma unroll
-  for (int i = 0; i < kKChunks; ++i) {
-    const float4 q4 = *reinterpret_cast<const float4*>(qf + QueryFragmentSlot(i, lane, 0));
+    for (int j = 0; j < S::TM; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) mine[(4 * j + e) * 32 + lane] = s[j][e];
+    }
+    GroupSync<S>(u);
+#pragma unroll
+    for (int j = 0; j < S::TM; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float t = 0.f;
+#pragma unroll
+        for (int w = 0; w < S::kChanWarps; ++w) {
+          t += w == wl ? s[j][e] : xs[w * kStride + (4 * j + e) * 32 + lane];
+        }
+        s[j][e] = t;
+      }
+    }
+    GroupSync<S>(u);  // every read is done before a warp reuses its buffer (as P or scores)
+  }
+}
+
+// One warp's pass over a whole record tile (G tokens from key0) held in shared memory, for the
+// channels [cb, cb + kDw) of its slice. lim_min: the smallest key limit of the CTA's query rows
+// (no masking below it).
+template <class S>
+__device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* rec, const float* qf,
+                                           int key0, int lim0, int lim1, int lim_min, int cb,
+                                           float* xs, int u, int wl, __half* pbuf,
+                                           WarpState<S::kKChunks>& W) {
+  constexpr int TM = S::TM, KC = S::kKChunks, G = S::G, D = S::D, KB = S::KB, VB = S::VB;
+  const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
+  // B fragments of the score product: (q' a) for row n = g, channels cb + 16i + c + 4r.
+  uint32_t qa[KC][2], qal[KC][2];  // B operand, high and low fp16 parts
+  float qz = 0.f;                  // sum q z over the slice
+#pragma unroll
+  for (int i = 0; i < KC; ++i) {
+    const float4 q4 =
+        *reinterpret_cast<const float4*>(qf + QueryFragmentSlot(cb / 16 + i, lane, 0));
     const float q[4] = {q4.x, q4.y, q4.z, q4.w};
     float a[4], z[4];
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      const int d = 16 * i + c + 4 * r;
+      const int d = cb + 16 * i + c + 4 * r;
       a[r] = HalfAt(rec + P.off_ka, d);
       z[r] = HalfAt(rec + P.off_kz, d);
     }
@@ -381,136 +523,135 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   // (C columns 2c, 2c+1).
   float bsum[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < kKChunks; ++i) {
+  for (int i = 0; i < KC; ++i) {
     MmaColumnSums(bsum, qa[i]);
     MmaColumnSums(bsum, qal[i]);
   }
   qz += __shfl_xor_sync(0xffffffffu, qz, 1);
   qz += __shfl_xor_sync(0xffffffffu, qz, 2);
-  ScoreTerms T;
+  float zrow[2], bias[2];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {  // rows n = 2c + e live in the lanes of thread group 2c + e
-    const float z = __shfl_sync(0xffffffffu, qz, (2 * c + e) * 4);
-    const float bias = kCodeBias * bsum[e];
-    T.qzl[e] = z - bias;
-    T.qzh[e] = z - bias * kHiNibble;
+    zrow[e] = __shfl_sync(0xffffffffu, qz, (2 * c + e) * 4);
+    bias[e] = kCodeBias * bsum[e];
   }
 
-  // Scores: byte j of the TM bytes a thread reads from channel row d holds tokens 2TMg + 2j
-  // (low nibble) and 2TMg + 2j + 1 (high nibble).
+  // Scores (partial over the slice): codes 2j + e of the run a thread reads from channel row d.
   float s[TM][4];
 #pragma unroll
   for (int j = 0; j < TM; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
-  constexpr int kWords = TM / 4;  // 32-bit words per channel row and thread
-  const uint8_t* kcodes = rec + P.off_kcodes + TM * g;
-  constexpr int kRowBytes = G / 2;  // 4-bit codes of G tokens
+  constexpr int kRun = S::kKeyRunBytes, kWords = (kRun + 3) / 4;
+  constexpr int kRowBytes = G * KB / 8;
+  const uint8_t* kcodes = rec + P.off_kcodes + kRun * g;
 #pragma unroll
-  for (int i = 0; i < kKChunks; ++i) {
+  for (int i = 0; i < KC; ++i) {
     uint32_t w[4][kWords];
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const uint8_t* row = kcodes + (16 * i + c + 4 * r) * kRowBytes;
-      if constexpr (kWords == 2) {
-        const uint2 u = *reinterpret_cast<const uint2*>(row);
-        w[r][0] = u.x;
-        w[r][1] = u.y;
-      } else {
-        w[r][0] = *reinterpret_cast<const uint32_t*>(row);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < TM; ++j) {
-      const uint32_t z01 = PairBytes(w[0][j / 4], w[1][j / 4], j % 4);
-      const uint32_t z23 = PairBytes(w[2][j / 4], w[3][j / 4], j % 4);
-      // Rows g + 8 (the high nibbles) come 16x scaled: Softmax divides.
-      const uint32_t a[4] = {BiasedCodes<0x0F>(z01), BiasedCodes<0xF0>(z01),
-                             BiasedCodes<0x0F>(z23), BiasedCodes<0xF0>(z23)};
+    for (int r = 0; r < 4; ++r) LoadRun<kRun>(kcodes + (cb + 16 * i + c + 4 * r) * kRowBytes, w[r]);
+    StaticFor<TM>([&](auto jc) {
+      constexpr int j = decltype(jc)::value;
+      constexpr int b0 = CodeByte<KB>(j, 0), b1 = CodeByte<KB>(j, 1);
+      const uint32_t z01a = PairBytes(w[0][b0 / 4], w[1][b0 / 4], b0 % 4);
+      const uint32_t z23a = PairBytes(w[2][b0 / 4], w[3][b0 / 4], b0 % 4);
+      const uint32_t z01b = b1 == b0 ? z01a : PairBytes(w[0][b1 / 4], w[1][b1 / 4], b1 % 4);
+      const uint32_t z23b = b1 == b0 ? z23a : PairBytes(w[2][b1 / 4], w[3][b1 / 4], b1 % 4);
+      const uint32_t a[4] = {
+          BiasedCodes<CodeMask<KB>(j, 0)>(z01a), BiasedCodes<CodeMask<KB>(j, 1)>(z01b),
+          BiasedCodes<CodeMask<KB>(j, 0)>(z23a), BiasedCodes<CodeMask<KB>(j, 1)>(z23b)};
       Mma16816(s[j], a, qa[i]);
       Mma16816(s[j], a, qal[i]);
-    }
+    });
   }
+  // sum_d (q a)_d code + sum_d q z = (product - 1024 bsum) / 2^shift + qz, per row half.
+  StaticFor<TM>([&](auto jc) {
+    constexpr int j = decltype(jc)::value;
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float inv = e == 0 ? 1.f / static_cast<float>(1 << CodeShift<KB>(j, 0))
+                               : 1.f / static_cast<float>(1 << CodeShift<KB>(j, 1));
+      s[j][2 * e] = fmaf(s[j][2 * e] - bias[0], inv, zrow[0]);
+      s[j][2 * e + 1] = fmaf(s[j][2 * e + 1] - bias[1], inv, zrow[1]);
+    }
+  });
+  SumGroupScores<S>(s, xs, u, wl);
   float ct[2 * TM], va[2 * TM], vz[2 * TM];
   LoadTokenScales<TM>(rec + P.off_kc, g, ct);
   LoadTokenScales<TM>(rec + P.off_va, g, va);
   LoadTokenScales<TM>(rec + P.off_vz, g, vz);
   float alpha[2], pzz[2];
   if (key0 + G > lim_min) {
-    Softmax<TM, true>(s, ct, va, vz, true, T, key0, lim0, lim1, g, c, W, pbuf, alpha, pzz);
+    Softmax<TM, true>(s, ct, va, vz, true, key0, lim0, lim1, g, c, W.m, W.l, pbuf, alpha, pzz);
   } else {
-    Softmax<TM, false>(s, ct, va, vz, true, T, key0, lim0, lim1, g, c, W, pbuf, alpha, pzz);
+    Softmax<TM, false>(s, ct, va, vz, true, key0, lim0, lim1, g, c, W.m, W.l, pbuf, alpha, pzz);
   }
 
-  // Values: O^T[d, n] for d = 16g + 4k + {0..3}.
-  float o[kKChunks][4];
+  // Values: O^T[d, n] for the kDw/8 channels of thread group g, codes 2mt + e of its run.
+  float o[KC][4];
 #pragma unroll
-  for (int mt = 0; mt < kKChunks; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  for (int mt = 0; mt < KC; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
   // The code bias of the value product, 1024 * (sum over tokens of the fp16 P operand), comes
   // from an all-ones A like the score bias: psum[e] for row 2c + e.
   float psum[4] = {0.f, 0.f, 0.f, 0.f};
-  const uint8_t* vcodes = rec + P.off_vcodes;
-  constexpr int kVRowBytes = kD / 4;  // 2-bit codes of D channels
+  constexpr int kVRun = S::kValueRunBytes, kVWords = (kVRun + 3) / 4;
+  constexpr int kVRowBytes = D * VB / 8;
+  const uint8_t* vcodes = rec + P.off_vcodes + cb * VB / 8 + kVRun * g;
 #pragma unroll
   for (int kc = 0; kc < TM; ++kc) {
     uint32_t b[2];
     LdMatrixX2(b, pbuf + (lane % 8) * PStride<TM>() + 16 * kc + 8 * ((lane / 8) % 2));
     MmaColumnSums(psum, b);
-    const uint8_t* base = vcodes + (16 * kc + 2 * c) * kVRowBytes + 4 * g;
-    const uint32_t x = *reinterpret_cast<const uint32_t*>(base);
-    const uint32_t y = *reinterpret_cast<const uint32_t*>(base + kVRowBytes);
-    const uint32_t u = *reinterpret_cast<const uint32_t*>(base + 8 * kVRowBytes);
-    const uint32_t v = *reinterpret_cast<const uint32_t*>(base + 9 * kVRowBytes);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const uint32_t zxy = PairBytes(x, y, k), zuv = PairBytes(u, v, k);
-      // m-tile 2k + half: rows g take the codes at bit 4 half, rows g + 8 at 4 half + 2.
-      const uint32_t a0[4] = {BiasedCodes<0x03>(zxy), BiasedCodes<0x0C>(zxy),
-                              BiasedCodes<0x03>(zuv), BiasedCodes<0x0C>(zuv)};
-      Mma16816(o[2 * k], a0, b);
-      const uint32_t a1[4] = {BiasedCodes<0x30>(zxy), BiasedCodes<0xC0>(zxy),
-                              BiasedCodes<0x30>(zuv), BiasedCodes<0xC0>(zuv)};
-      Mma16816(o[2 * k + 1], a1, b);
-    }
+    // Tokens 16kc + 2c + {0, 1, 8, 9}: the k slots 2c, 2c+1, 2c+8, 2c+9.
+    const uint8_t* base = vcodes + (16 * kc + 2 * c) * kVRowBytes;
+    uint32_t x[kVWords], y[kVWords], zu[kVWords], zv[kVWords];
+    LoadRun<kVRun>(base, x);
+    LoadRun<kVRun>(base + kVRowBytes, y);
+    LoadRun<kVRun>(base + 8 * kVRowBytes, zu);
+    LoadRun<kVRun>(base + 9 * kVRowBytes, zv);
+    StaticFor<KC>([&](auto mc) {
+      constexpr int mt = decltype(mc)::value;
+      constexpr int b0 = CodeByte<VB>(mt, 0), b1 = CodeByte<VB>(mt, 1);
+      const uint32_t xya = PairBytes(x[b0 / 4], y[b0 / 4], b0 % 4);
+      const uint32_t uva = PairBytes(zu[b0 / 4], zv[b0 / 4], b0 % 4);
+      const uint32_t xyb = b1 == b0 ? xya : PairBytes(x[b1 / 4], y[b1 / 4], b1 % 4);
+      const uint32_t uvb = b1 == b0 ? uva : PairBytes(zu[b1 / 4], zv[b1 / 4], b1 % 4);
+      const uint32_t a[4] = {
+          BiasedCodes<CodeMask<VB>(mt, 0)>(xya), BiasedCodes<CodeMask<VB>(mt, 1)>(xyb),
+          BiasedCodes<CodeMask<VB>(mt, 0)>(uva), BiasedCodes<CodeMask<VB>(mt, 1)>(uvb)};
+      Mma16816(o[mt], a, b);
+    });
   }
-  // acc = alpha * acc + c'_d * ((o - pb) / 2^shift + pzz); channel of o[mt][0..1] =
-  // 16g + 4(mt/2) + 2(mt%2) (codes at bit 4(mt%2)), of o[mt][2..3] the next one (2 bits up).
-  const uint4* vcp = reinterpret_cast<const uint4*>(rec + P.off_vc + 2 * (16 * g));
-  const uint4 c0 = vcp[0], c1 = vcp[1];
-  const uint32_t cw[8] = {c0.x, c0.y, c0.z, c0.w, c1.x, c1.y, c1.z, c1.w};
-  // (o - pb) * inv + pzz = o * inv + off, with off per row and code shift (inv = 2^-shift).
+  // acc = alpha * acc + c'_d * ((o - pb) / 2^shift + pzz); o[mt][0..1]: channel 2mt of the run
+  // (rows 2c, 2c+1), o[mt][2..3]: channel 2mt + 1.
+  const uint32_t* vcw =
+      reinterpret_cast<const uint32_t*>(rec + P.off_vc + 2 * (cb + S::kDw / 8 * g));
   const float pb[2] = {kCodeBias * psum[0], kCodeBias * psum[1]};
-  float off[4][2];
-#pragma unroll
-  for (int sh = 0; sh < 4; ++sh) {
-    const float inv = 1.f / static_cast<float>(1 << (2 * sh));
-    off[sh][0] = fmaf(-pb[0], inv, pzz[0]);
-    off[sh][1] = fmaf(-pb[1], inv, pzz[1]);
-  }
-#pragma unroll
-  for (int mt = 0; mt < kKChunks; ++mt) {
-    const float2 cv = Half2AsFloat2(cw[mt]);  // channels 16g + 2mt, +1
-    const int sh0 = mt % 2 ? 2 : 0, sh1 = sh0 + 1;  // code shifts 4(mt%2) and 4(mt%2) + 2 bits
-    const float inv0 = 1.f / static_cast<float>(1 << (2 * sh0));
-    const float inv1 = 1.f / static_cast<float>(1 << (2 * sh1));
-    W.acc[mt][0] = fmaf(cv.x, fmaf(o[mt][0], inv0, off[sh0][0]), W.acc[mt][0] * alpha[0]);
-    W.acc[mt][1] = fmaf(cv.x, fmaf(o[mt][1], inv0, off[sh0][1]), W.acc[mt][1] * alpha[1]);
-    W.acc[mt][2] = fmaf(cv.y, fmaf(o[mt][2], inv1, off[sh1][0]), W.acc[mt][2] * alpha[0]);
-    W.acc[mt][3] = fmaf(cv.y, fmaf(o[mt][3], inv1, off[sh1][1]), W.acc[mt][3] * alpha[1]);
-  }
+  StaticFor<KC>([&](auto mc) {
+    constexpr int mt = decltype(mc)::value;
+    const float2 cv = Half2AsFloat2(vcw[mt]);  // channels 2mt, 2mt + 1 of the run
+    constexpr float inv0 = 1.f / static_cast<float>(1 << CodeShift<VB>(mt, 0));
+    constexpr float inv1 = 1.f / static_cast<float>(1 << CodeShift<VB>(mt, 1));
+    W.acc[mt][0] = fmaf(cv.x, fmaf(o[mt][0] - pb[0], inv0, pzz[0]), W.acc[mt][0] * alpha[0]);
+    W.acc[mt][1] = fmaf(cv.x, fmaf(o[mt][1] - pb[1], inv0, pzz[1]), W.acc[mt][1] * alpha[1]);
+    W.acc[mt][2] = fmaf(cv.y, fmaf(o[mt][2] - pb[0], inv1, pzz[0]), W.acc[mt][2] * alpha[0]);
+    W.acc[mt][3] = fmaf(cv.y, fmaf(o[mt][3] - pb[1], inv1, pzz[1]), W.acc[mt][3] * alpha[1]);
+  });
   __syncwarp();
 }
 
-// One warp's pass over an fp16 page tile (sink or tail) of G tokens, read from global memory:
-// the same fragments, from halves. `valid` counts the tile's tokens before the sequence end.
-template <int G>
+// One warp's pass over an fp16 page tile (sink or tail) of G tokens, read from global memory,
+// for the channels [cb, cb + kDw) of its slice: the same fragments, from halves. `valid` counts
+// the tile's tokens before the sequence end.
+template <class S>
 __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int valid,
-                                         const float* qs, int key0, int lim0, int lim1,
-                                         __half* pbuf, WarpState& W) {
-  constexpr int TM = G / 16;
+                                         const float* qs, int key0, int lim0, int lim1, int cb,
+                                         float* xs, int u, int wl, __half* pbuf,
+                                         WarpState<S::kKChunks>& W) {
+  constexpr int TM = S::TM, KC = S::kKChunks, D = S::D;
   const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
-  uint32_t qh[kKChunks][2], ql[kKChunks][2];
-  const float* qrow = qs + g * kD;
+  uint32_t qh[KC][2], ql[KC][2];
+  const float* qrow = qs + g * D + cb;
 #pragma unroll
-  for (int i = 0; i < kKChunks; ++i) {
+  for (int i = 0; i < KC; ++i) {
     const float4 q4 = *reinterpret_cast<const float4*>(qrow + 16 * i + 4 * c);
     SplitHalf2(q4.x, q4.y, &qh[i][0], &ql[i][0]);
     SplitHalf2(q4.z, q4.w, &qh[i][1], &ql[i][1]);
@@ -522,10 +663,10 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
     const int t0 = 2 * TM * g + 2 * j;
     // Rows past the sequence end may hold anything: their scores are masked below, and their
     // values are never read (zeroed), so NaN cannot leak in.
-    const __half* r0 = kp + static_cast<size_t>(t0) * kD;
-    const __half* r1 = r0 + kD;
+    const __half* r0 = kp + static_cast<size_t>(t0) * D + cb;
+    const __half* r1 = r0 + D;
 #pragma unroll
-    for (int i = 0; i < kKChunks; ++i) {
+    for (int i = 0; i < KC; ++i) {
       const uint2 u0 = __ldg(reinterpret_cast<const uint2*>(r0 + 16 * i + 4 * c));
       const uint2 u1 = __ldg(reinterpret_cast<const uint2*>(r1 + 16 * i + 4 * c));
       const uint32_t a[4] = {u0.x, u1.x, u0.y, u1.y};
@@ -533,34 +674,36 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
       Mma16816(s[j], a, ql[i]);
     }
   }
+  SumGroupScores<S>(s, xs, u, wl);
   float none[2 * TM];
   float alpha[2], pzz[2];
-  Softmax<TM, true>(s, none, none, none, false, ScoreTerms{}, key0, lim0, lim1, g, c, W, pbuf, alpha,
-                    pzz);
-  float o[kKChunks][4];
+  Softmax<TM, true>(s, none, none, none, false, key0, lim0, lim1, g, c, W.m, W.l, pbuf, alpha, pzz);
+  float o[KC][4];
 #pragma unroll
-  for (int mt = 0; mt < kKChunks; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  for (int mt = 0; mt < KC; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  constexpr int kRunWords = S::kDw / 16;  // kDw/8 channels of fp16: 2 per word
 #pragma unroll
   for (int kc = 0; kc < TM; ++kc) {
     uint32_t b[2];
     LdMatrixX2(b, pbuf + (lane % 8) * PStride<TM>() + 16 * kc + 8 * ((lane / 8) % 2));
-    uint32_t rows[4][8];  // tokens 16kc + 2c + {0, 1, 8, 9}, channels 16g .. 16g+15
+    uint32_t rows[4][kRunWords];  // tokens 16kc + 2c + {0, 1, 8, 9}, the run's channels
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int t = 16 * kc + 2 * c + (r & 1) + 8 * (r >> 1);
-      const uint4* p = reinterpret_cast<const uint4*>(vp + static_cast<size_t>(t) * kD + 16 * g);
-      uint4 lo = make_uint4(0, 0, 0, 0), hi = lo;
-      if (t < valid) {
-        lo = __ldg(p);
-        hi = __ldg(p + 1);
-      }
-      const uint32_t w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      const uint4* p =
+          reinterpret_cast<const uint4*>(vp + static_cast<size_t>(t) * D + cb + S::kDw / 8 * g);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) rows[r][e] = w[e];
+      for (int v = 0; v < kRunWords / 4; ++v) {
+        const uint4 x = t < valid ? __ldg(p + v) : make_uint4(0, 0, 0, 0);
+        rows[r][4 * v] = x.x;
+        rows[r][4 * v + 1] = x.y;
+        rows[r][4 * v + 2] = x.z;
+        rows[r][4 * v + 3] = x.w;
+      }
     }
 #pragma unroll
-    for (int mt = 0; mt < kKChunks; ++mt) {
-      // Word mt of a row holds channels 16g + 2mt, +1 (rows g and g+8 of m-tile mt).
+    for (int mt = 0; mt < KC; ++mt) {
+      // Word mt of a row holds channels 2mt, 2mt + 1 of the run (rows g and g+8 of m-tile mt).
       const uint32_t a[4] = {__byte_perm(rows[0][mt], rows[1][mt], 0x5410),
                              __byte_perm(rows[0][mt], rows[1][mt], 0x7632),
                              __byte_perm(rows[2][mt], rows[3][mt], 0x5410),
@@ -569,7 +712,7 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
     }
   }
 #pragma unroll
-  for (int mt = 0; mt < kKChunks; ++mt) {
+  for (int mt = 0; mt < KC; ++mt) {
     W.acc[mt][0] = W.acc[mt][0] * alpha[0] + o[mt][0];
     W.acc[mt][1] = W.acc[mt][1] * alpha[1] + o[mt][1];
     W.acc[mt][2] = W.acc[mt][2] * alpha[0] + o[mt][2];
@@ -578,24 +721,24 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
   __syncwarp();
 }
 
-template <int G>
+template <class S>
 struct MmaSmem {
-  // The record ring while tiles stream; the per-warp outputs of the CTA merge after.
+  // The record ring while tiles stream; the per-group outputs of the CTA merge after.
   union {
-    unsigned char ring[Ring<G>::kStages][Ring<G>::kStageBytes];
+    unsigned char ring[S::kStages][S::kStageBytes];
     struct {
-      float acc[kWarps][kRows * kD];
-      float out[kRows * kD];
+      float acc[S::kGroups][kRows * S::D];
+      float out[kRows * S::D];
     } merge;
   } u;
-  float q[kRows * kD];                 // rotated queries * scale * log2(e)
-  alignas(16) float qf[kKChunks * 4 * kWarpSize];  // the same, in QueryFragmentSlot order
-  __half p[kWarps][kRows * PStride<Ring<G>::kTM>()];  // per-warp probabilities
-  float wm[kWarps][kRows], wl[kWarps][kRows];
+  float q[kRows * S::D];                            // rotated queries * scale * log2(e)
+  alignas(16) float qf[S::D / 16 * 4 * kWarpSize];  // the same, in QueryFragmentSlot order
+  alignas(16) unsigned char wbuf[S::kWarps][S::kWarpBufBytes];  // per-warp P / partial scores
+  float wm[S::kGroups][kRows], wl[S::kGroups][kRows];
   float m[kRows], l[kRows];
   int limit[kRows], qrow[kRows];
-  uint64_t full[Ring<G>::kStages];   // the stage's record has landed
-  uint64_t empty[Ring<G>::kStages];  // the stage's warp is done with it
+  uint64_t full[S::kStages];   // the stage's record has landed
+  uint64_t empty[S::kStages];  // the stage's group is done with it
 };
 
 __device__ __forceinline__ const uint8_t* RecordAt(const AttnParams& P, int id, int h) {
@@ -606,42 +749,41 @@ __device__ __forceinline__ const uint8_t* RecordAt(const AttnParams& P, int id, 
 // Called by all 32 lanes (index li of n) of the issuing warp, and every lane arrives on `full`:
 // each lane's arrival releases its own reads of the record that stage held before to the warp
 // that waits for the new one (mbarrier.arrive releases the arriving thread's accesses only).
-// kBulk (sm_90): lane 0 starts one bulk copy (its arrival expects the bytes). Otherwise every
-// lane copies 16 bytes at a time with cp.async, arriving when its copies complete. A bad table
-// entry copies nothing but still arrives, and the consumers, who check the entry themselves,
-// skip the tile.
-template <int G, bool kBulk>
-__device__ __forceinline__ void IssueRecord(const AttnParams& P, MmaSmem<G>& S, int stage, int id,
-                                            int h, int li, int n) {
+// P.bulk_ring (sm_90): lane 0 starts one bulk copy (its arrival expects the bytes). Otherwise
+// every lane copies 16 bytes at a time with cp.async, arriving when its copies complete. A bad
+// table entry copies nothing but still arrives, and the consumers, who check the entry
+// themselves, skip the tile.
+template <class S>
+__device__ __forceinline__ void IssueRecord(const AttnParams& P, unsigned char* dst, uint64_t* full,
+                                            int id, int h, int li, int n) {
   const bool ok = id >= 0 && id < P.num_record_blocks;
-  if constexpr (kBulk) {
+  if (P.bulk_ring) {
     if (ok && li == 0) {
-      BulkCopy(S.u.ring[stage], RecordAt(P, id, h), Ring<G>::kRecordBytes, &S.full[stage]);
+      BulkCopy(dst, RecordAt(P, id, h), S::kRecordBytes, full);
     } else {
-      BarrierArrive(&S.full[stage]);
+      BarrierArrive(full);
     }
   } else {
     if (ok) {
       const uint8_t* src = RecordAt(P, id, h);
-      for (int off = li * 16; off < Ring<G>::kRecordBytes; off += n * 16) {
-        CpAsync16(S.u.ring[stage] + off, src + off);
-      }
-      CpAsyncArrive(&S.full[stage]);
+      for (int off = li * 16; off < S::kRecordBytes; off += n * 16) CpAsync16(dst + off, src + off);
+      CpAsyncArrive(full);
     } else {
-      BarrierArrive(&S.full[stage]);
+      BarrierArrive(full);
     }
   }
 }
 
-// kBulk: sm_90's bulk copies (else cp.async, sm_80+). Ring<G>::kMinCtasPerSm CTAs per SM.
-template <int G, bool kBulk>
-__global__ void __launch_bounds__(kWarps * 32, Ring<G>::kMinCtasPerSm)
-    MmaAttentionKernel(AttnParams P) {
+// S::kMinCtasPerSm CTAs of S::kThreads threads per SM.
+template <class S>
+__global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKernel(AttnParams P) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  using R = Ring<G>;
+  constexpr int D = S::D, G = S::G, KC = S::kKChunks;
   extern __shared__ __align__(128) unsigned char smem_raw[];
-  MmaSmem<G>& S = *reinterpret_cast<MmaSmem<G>*>(smem_raw);
+  MmaSmem<S>& M = *reinterpret_cast<MmaSmem<S>*>(smem_raw);
   const int tid = threadIdx.x, warp = tid / kWarpSize, lane = tid % kWarpSize;
+  const int u = warp / S::kChanWarps, wl = warp % S::kChanWarps;  // record group, slice
+  const int cb = wl * S::kDw;                                     // the slice's first channel
   const int g = lane >> 2, c = lane & 3;
   WorkItem w;
   if (!ReadWorkItem(P, G, kRows, &w)) return;
@@ -653,154 +795,218 @@ __global__ void __launch_bounds__(kWarps * 32, Ring<G>::kMinCtasPerSm)
   const int nrec = max(0, r_hi - r_lo);
   const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
 
-  // Warp v consumes the records k = v, v + kWarps, ... from stages k % kStages. When it is done
-  // with record k it refills that stage with record k + kStages, which another warp consumes:
-  // every wait is on a smaller record index, so the ring cannot deadlock.
+  // Group v consumes the records k = v, v + kGroups, ... from stages k % kStages. When it is done
+  // with record k its first warp refills that stage with record k + kStages, which another group
+  // consumes: every wait is on a smaller record index, so the ring cannot deadlock.
   if (tid == 0) {
-    for (int st = 0; st < R::kStages; ++st) {
-      BarrierInit(&S.full[st], kWarpSize);
-      BarrierInit(&S.empty[st], 1);
+    for (int st = 0; st < S::kStages; ++st) {
+      BarrierInit(&M.full[st], kWarpSize);
+      BarrierInit(&M.empty[st], S::kChanWarps);
     }
     BarrierInitFence();
   }
-  if (tid < kRows) SetRow(P, w, tid, S.qrow, S.limit);
+  if (tid < kRows) SetRow(P, w, tid, M.qrow, M.limit);
   __syncthreads();
   // Start the ring: its first copies overlap the query setup and the page tiles.
-  for (int k = warp; k < min(nrec, R::kStages); k += kWarps) {
-    IssueRecord<G, kBulk>(P, S, k, table[r_lo + k], h, lane, kWarpSize);
+  for (int k = warp; k < min(nrec, S::kStages); k += S::kWarps) {
+    IssueRecord<S>(P, M.u.ring[k], &M.full[k], table[r_lo + k], h, lane, kWarpSize);
   }
   // Scores in the log2 domain.
-  LoadQueries(P, S.qrow, kD, P.scale * 1.4426950408889634f, S.q);
+  LoadQueries(P, M.qrow, D, P.scale * 1.4426950408889634f, M.q);
   __syncthreads();
-  ScatterQueryFragments(S.q, S.qf);
+  ScatterQueryFragments<D>(M.q, M.qf);
   __syncthreads();
 
-  WarpState W;
+  WarpState<KC> W;
   W.m[0] = W.m[1] = -INFINITY;
   W.l[0] = W.l[1] = 0.f;
 #pragma unroll
-  for (int mt = 0; mt < kKChunks; ++mt)
-    W.acc[mt][0] = W.acc[mt][1] = W.acc[mt][2] = W.acc[mt][3] = 0.f;
-  const int lim0 = S.limit[2 * c], lim1 = S.limit[2 * c + 1];
+  for (int mt = 0; mt < KC; ++mt) W.acc[mt][0] = W.acc[mt][1] = W.acc[mt][2] = W.acc[mt][3] = 0.f;
+  const int lim0 = M.limit[2 * c], lim1 = M.limit[2 * c + 1];
   int lim_min = INT_MAX;  // padding rows are never stored: they need no mask
-  for (int r = 0; r < kRows; ++r) lim_min = S.qrow[r] >= 0 ? min(lim_min, S.limit[r]) : lim_min;
-  const size_t page_elems = static_cast<size_t>(P.Hk) * G * kD;
-  __half* pbuf = S.p[warp];
-  const bool reporter = lane == 0;
+  for (int r = 0; r < kRows; ++r) lim_min = M.qrow[r] >= 0 ? min(lim_min, M.limit[r]) : lim_min;
+  const size_t page_elems = static_cast<size_t>(P.Hk) * G * D;
+  __half* pbuf = reinterpret_cast<__half*>(M.wbuf[warp]);
+  float* xs = reinterpret_cast<float*>(M.wbuf[u * S::kChanWarps]);  // the group's buffers
+  const bool reporter = lane == 0 && wl == 0;
 
   // fp16 page tiles (sink and unflushed tail), straight from global memory, round-robin over
-  // the warps.
+  // the groups.
   for (int tile = t_begin, n = 0; tile < t_end; ++tile) {
     if (tile >= r_lo && tile < r_hi) continue;
-    if (n++ % kWarps != warp) continue;
+    if (n++ % S::kGroups != u) continue;
     const int id = table[tile];
     if (id < 0 || id >= P.num_pages) {
       if (reporter) ReportAttentionError(P, b, kErrBlockTable, tile);
       continue;
     }
-    const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * kD;
-    PageTile<G>(reinterpret_cast<const __half*>(P.k_pages) + off,
-                reinterpret_cast<const __half*>(P.v_pages) + off, min(G, N - tile * G), S.q,
-                tile * G, lim0, lim1, pbuf, W);
+    const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * D;
+    PageTile<S>(reinterpret_cast<const __half*>(P.k_pages) + off,
+                reinterpret_cast<const __half*>(P.v_pages) + off, min(G, N - tile * G), M.q,
+                tile * G, lim0, lim1, cb, xs, u, wl, pbuf, W);
   }
 
-  // Record tiles from the ring. After its `empty` arrival the warp refills the stage with the
-  // record kStages further on (its table entry read before the wait for this one).
-  for (int k = warp; k < nrec; k += kWarps) {
-    const int stage = k % R::kStages;
-    const uint32_t parity = (k / R::kStages) & 1;
-    const int next = k + R::kStages;
+  // Record tiles from the ring. After the group's `empty` arrivals its first warp refills the
+  // stage with the record kStages further on (its table entry read before the wait for this one).
+  for (int k = u; k < nrec; k += S::kGroups) {
+    const int stage = k % S::kStages;
+    const uint32_t parity = (k / S::kStages) & 1;
+    const int next = k + S::kStages;
     const int next_id = next < nrec ? table[r_lo + next] : -1;
-    BarrierWait(&S.full[stage], parity);
+    BarrierWait(&M.full[stage], parity);
     const int tile = r_lo + k;
     const int id = table[tile];
     if (id >= 0 && id < P.num_record_blocks) {
-      RecordTile<G>(P, S.u.ring[stage], S.qf, tile * G, lim0, lim1, lim_min, pbuf, W);
+      RecordTile<S>(P, M.u.ring[stage], M.qf, tile * G, lim0, lim1, lim_min, cb, xs, u, wl, pbuf,
+                    W);
     } else if (reporter) {
       ReportAttentionError(P, b, kErrBlockTable, tile);
     }
     __syncwarp();
-    if (lane == 0) BarrierArrive(&S.empty[stage]);
-    if (next < nrec) {
-      BarrierWait(&S.empty[stage], parity);
-      IssueRecord<G, kBulk>(P, S, stage, next_id, h, lane, kWarpSize);
+    if (lane == 0) BarrierArrive(&M.empty[stage]);
+    if (next < nrec && wl == 0) {
+      BarrierWait(&M.empty[stage], parity);
+      IssueRecord<S>(P, M.u.ring[stage], &M.full[stage], next_id, h, lane, kWarpSize);
     }
   }
-  __syncthreads();  // the ring's memory becomes the merge area
+  __syncthreads();     // the ring's memory becomes the merge area
   LaunchDependents();  // the split merge may start launching (it waits for this grid's end)
 
-  // Merge the warps: sums of l over the thread groups, then maxima and weights across warps.
+  // Merge the groups: sums of l over the thread groups, then maxima and weights across groups.
   float l0 = W.l[0], l1 = W.l[1];
 #pragma unroll
   for (int o = 4; o < 32; o *= 2) {
     l0 += __shfl_xor_sync(0xffffffffu, l0, o);
     l1 += __shfl_xor_sync(0xffffffffu, l1, o);
   }
-  if (g == 0) {
-    S.wm[warp][2 * c] = W.m[0];
-    S.wm[warp][2 * c + 1] = W.m[1];
-    S.wl[warp][2 * c] = l0;
-    S.wl[warp][2 * c + 1] = l1;
+  if (g == 0 && wl == 0) {
+    M.wm[u][2 * c] = W.m[0];
+    M.wm[u][2 * c + 1] = W.m[1];
+    M.wl[u][2 * c] = l0;
+    M.wl[u][2 * c + 1] = l1;
   }
-  float* acc = S.u.merge.acc[warp];
+  float* acc = M.u.merge.acc[u];
 #pragma unroll
-  for (int mt = 0; mt < kKChunks; ++mt) {
-    const int d = 16 * g + 2 * mt;
-    acc[(2 * c) * kD + d] = W.acc[mt][0];
-    acc[(2 * c + 1) * kD + d] = W.acc[mt][1];
-    acc[(2 * c) * kD + d + 1] = W.acc[mt][2];
-    acc[(2 * c + 1) * kD + d + 1] = W.acc[mt][3];
+  for (int mt = 0; mt < KC; ++mt) {
+    const int d = cb + S::kDw / 8 * g + 2 * mt;
+    acc[(2 * c) * D + d] = W.acc[mt][0];
+    acc[(2 * c + 1) * D + d] = W.acc[mt][1];
+    acc[(2 * c) * D + d + 1] = W.acc[mt][2];
+    acc[(2 * c + 1) * D + d + 1] = W.acc[mt][3];
   }
   __syncthreads();
   if (tid < kRows) {
-    float M = -INFINITY;
-    for (int v = 0; v < kWarps; ++v) M = fmaxf(M, S.wm[v][tid]);
+    float mx = -INFINITY;
+    for (int v = 0; v < S::kGroups; ++v) mx = fmaxf(mx, M.wm[v][tid]);
     float L = 0.f;
-    for (int v = 0; v < kWarps; ++v) {
-      if (S.wm[v][tid] != -INFINITY) L += S.wl[v][tid] * exp2f(S.wm[v][tid] - M);
+    for (int v = 0; v < S::kGroups; ++v) {
+      if (M.wm[v][tid] != -INFINITY) L += M.wl[v][tid] * exp2f(M.wm[v][tid] - mx);
     }
-    S.m[tid] = M;
-    S.l[tid] = L;
+    M.m[tid] = mx;
+    M.l[tid] = L;
   }
   __syncthreads();
-  float* out = S.u.merge.out;
-  for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
-    const int r = idx / kD;
+  float* out = M.u.merge.out;
+  for (int idx = tid; idx < kRows * D; idx += blockDim.x) {
+    const int r = idx / D;
     float o = 0.f;
-    for (int v = 0; v < kWarps; ++v) {
-      if (S.wm[v][r] != -INFINITY) o += S.u.merge.acc[v][idx] * exp2f(S.wm[v][r] - S.m[r]);
+    for (int v = 0; v < S::kGroups; ++v) {
+      if (M.wm[v][r] != -INFINITY) o += M.u.merge.acc[v][idx] * exp2f(M.wm[v][r] - M.m[r]);
     }
     out[idx] = o;
   }
   __syncthreads();
   constexpr float kLn2 = 0.6931471805599453f;
   if (P.splits > 1) {
-    for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
-      const int r = idx / kD, d = idx % kD;
-      if (S.qrow[r] < 0) continue;
-      P.part_acc[(static_cast<size_t>(S.qrow[r]) * P.splits + split) * kD + d] = out[idx];
+    for (int idx = tid; idx < kRows * D; idx += blockDim.x) {
+      const int r = idx / D, d = idx % D;
+      if (M.qrow[r] < 0) continue;
+      P.part_acc[(static_cast<size_t>(M.qrow[r]) * P.splits + split) * D + d] = out[idx];
     }
-    if (tid < kRows && S.qrow[tid] >= 0) {
-      float* ml = P.part_ml + (static_cast<size_t>(S.qrow[tid]) * P.splits + split) * 2;
-      ml[0] = S.m[tid] == -INFINITY ? -INFINITY : S.m[tid] * kLn2;  // natural-log domain
-      ml[1] = S.l[tid];
+    if (tid < kRows && M.qrow[tid] >= 0) {
+      float* ml = P.part_ml + (static_cast<size_t>(M.qrow[tid]) * P.splits + split) * 2;
+      ml[0] = M.m[tid] == -INFINITY ? -INFINITY : M.m[tid] * kLn2;  // natural-log domain
+      ml[1] = M.l[tid];
     }
     return;
   }
-  for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
-    const int r = idx / kD;
-    out[idx] = S.l[r] > 0.f ? out[idx] / S.l[r] : 0.f;
+  for (int idx = tid; idx < kRows * D; idx += blockDim.x) {
+    const int r = idx / D;
+    out[idx] = M.l[r] > 0.f ? out[idx] / M.l[r] : 0.f;
   }
-  if (P.v_rotate) BlockFwht(out, kRows, kD, P.log2D);
-  for (int idx = tid; idx < kRows * kD; idx += blockDim.x) {
-    const int r = idx / kD, d = idx % kD;
-    if (S.qrow[r] >= 0)
-      StoreElem(P.out, static_cast<size_t>(S.qrow[r]) * kD + d, P.out_dtype, out[idx]);
+  if (P.v_rotate) BlockFwht(out, kRows, D, P.log2D);
+  for (int idx = tid; idx < kRows * D; idx += blockDim.x) {
+    const int r = idx / D, d = idx % D;
+    if (M.qrow[r] >= 0)
+      StoreElem(P.out, static_cast<size_t>(M.qrow[r]) * D + d, P.out_dtype, out[idx]);
   }
-  if (P.lse && tid < kRows && S.qrow[tid] >= 0) {
-    P.lse[S.qrow[tid]] = S.m[tid] * kLn2 + logf(S.l[tid]);
+  if (P.lse && tid < kRows && M.qrow[tid] >= 0) {
+    P.lse[M.qrow[tid]] = M.m[tid] * kLn2 + logf(M.l[tid]);
   }
 #endif
+}
+
+// Calls f(S{}) for the Shape<> of cfg when the family has it (kFits); false otherwise.
+template <class S, class F>
+bool CallIfFits(F& f) {
+  if constexpr (S::kFits) {
+    f(S{});
+    return true;
+  } else {
+    return false;
+  }
+}
+template <int D, int G, int KB, class F>
+bool WithValueBits(int vb, F& f) {
+  switch (vb) {
+    case 2:
+      return CallIfFits<Shape<D, G, KB, 2>>(f);
+    case 4:
+      return CallIfFits<Shape<D, G, KB, 4>>(f);
+    case 8:
+      return CallIfFits<Shape<D, G, KB, 8>>(f);
+    default:
+      return false;
+  }
+}
+template <int D, int G, class F>
+bool WithKeyBits(int kb, int vb, F& f) {
+  switch (kb) {
+    case 2:
+      return WithValueBits<D, G, 2>(vb, f);
+    case 4:
+      return WithValueBits<D, G, 4>(vb, f);
+    case 8:
+      return WithValueBits<D, G, 8>(vb, f);
+    default:
+      return false;
+  }
+}
+template <int D, class F>
+bool WithTileTokens(int G, int kb, int vb, F& f) {
+  switch (G) {
+    case 64:
+      return WithKeyBits<D, 64>(kb, vb, f);
+    case 128:
+      return WithKeyBits<D, 128>(kb, vb, f);
+    default:
+      return false;
+  }
+}
+template <class F>
+bool WithShape(int D, int G, int kb, int vb, F&& f) {
+  switch (D) {
+    case 64:
+      return WithTileTokens<64>(G, kb, vb, f);
+    case 128:
+      return WithTileTokens<128>(G, kb, vb, f);
+    case 256:
+      return WithTileTokens<256>(G, kb, vb, f);
+    case 512:
+      return WithTileTokens<512>(G, kb, vb, f);
+    default:
+      return false;
+  }
 }
 
 }  // namespace mma

@@ -1,8 +1,14 @@
-// Decode attention over a k4v2 KVarN cache on CUDA (the target shapes of bench/RESULTS.md): time
-// per call, bytes read, achieved bandwidth against the HBM peak and against a read-only kernel
-// measured in the same run. Uses the public C API for attention; CUDA events for timing.
+// Decode attention over a KVarN cache on CUDA (the target shapes of bench/RESULTS.md): time per
+// call, bytes read, achieved bandwidth against the HBM peak and against a read-only kernel
+// measured in the same run, and the kernel the plan chose. Uses the public C API for attention;
+// CUDA events for timing.
 //
 //   bench_cuda_attention [--quick] [--csv FILE] [--shape BATCH CTX [NEW_TOKENS]]
+//                        [--preset P] [--head-dim D] [--heads HQ HK] [--decode-grid]
+//                        [--no-read-bw]
+//
+// --decode-grid: decode at batch 1, 8, 32 over 1k, 4k, 32k and 128k tokens (the issue's grid).
+// The defaults are the design point: k4v2_g128, D 128, 32 query and 8 KV heads.
 //
 // The pools hold real records: a few hundred tiles of synthetic K/V are quantized through
 // kvarn_quantize and replicated over the pool (attention's speed does not depend on the values,
@@ -73,8 +79,19 @@ int main(int argc, char** argv) {
   bool quick = false;
   const char* csv_path = nullptr;
   int only_batch = 0, only_ctx = 0, only_nq = 1;
+  const char* preset = "k4v2_g128";
+  int D = 128, Hq = 32, Hk = 8;
+  bool decode_grid = false, read_bw_wanted = true;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
+    if (!std::strcmp(argv[i], "--decode-grid")) decode_grid = true;
+    if (!std::strcmp(argv[i], "--no-read-bw")) read_bw_wanted = false;
+    if (!std::strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
+    if (!std::strcmp(argv[i], "--head-dim") && i + 1 < argc) D = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--heads") && i + 2 < argc) {
+      Hq = std::atoi(argv[++i]);
+      Hk = std::atoi(argv[++i]);
+    }
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
     if (!std::strcmp(argv[i], "--shape") && i + 2 < argc) {  // one shape (profiling)
       only_batch = std::atoi(argv[++i]);
@@ -82,14 +99,14 @@ int main(int argc, char** argv) {
       if (i + 1 < argc && argv[i + 1][0] != '-') only_nq = std::atoi(argv[++i]);
     }
   }
-  const int D = 128, G = 128, Hq = 32, Hk = 8;
   kvarn_context_options_t o;
   kvarn_context_options_defaults(&o);
   o.backend = KVARN_BACKEND_CUDA;
   kvarn_context_t* ctx = nullptr;
   CHECK_KV(kvarn_context_create(&o, &ctx));
   kvarn_config_t cfg;
-  CHECK_KV(kvarn_config_from_preset("k4v2_g128", D, &cfg));
+  CHECK_KV(kvarn_config_from_preset(preset, D, &cfg));
+  const int G = cfg.tile_tokens;
   size_t rb = 0;
   CHECK_KV(kvarn_record_bytes(&cfg, &rb));
   const size_t stride = (rb + 15) / 16 * 16;
@@ -97,8 +114,10 @@ int main(int argc, char** argv) {
   // A few hundred real records (quantized on the CPU from random data).
   const std::vector<uint8_t> unique = kvarn_bench::QuantizedRecords(cfg, stride, 256);
 
-  const double read_bw = MeasureReadBandwidth();
-  std::printf("device read bandwidth (read-only kernel, 4 GB): %.2f TB/s\n", read_bw / 1e12);
+  const double read_bw = read_bw_wanted ? MeasureReadBandwidth() : 4.3e12;
+  std::printf("device read bandwidth (read-only kernel, 4 GB): %.2f TB/s%s\n", read_bw / 1e12,
+              read_bw_wanted ? "" : " (not measured: --no-read-bw)");
+  std::printf("%s D%d Hq %d Hk %d\n", preset, D, Hq, Hk);
 
   std::vector<Shape> shapes;
   for (int b : {1, 8, 32}) {
@@ -109,18 +128,26 @@ int main(int argc, char** argv) {
   }
   shapes.push_back({1, 32768 + 2048, 2048});  // extend: 2k new tokens over 32k cached
   shapes.push_back({8, 8192 + 512, 512});     // extend: chunked prefill of 8 sequences
+  if (decode_grid) {
+    shapes.clear();
+    for (int b : {1, 8, 32}) {
+      for (int c : {1024, 4096, 32768, 131072}) shapes.push_back({b, c});
+    }
+  }
   if (only_batch > 0) shapes = {{only_batch, only_ctx, only_nq}};
   FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
-  if (csv) std::fprintf(csv, "batch,ctx,nq,ms,bytes,tbps,peak_frac,read_frac\n");
-  std::printf("%6s %7s %9s %10s %8s %8s %8s\n", "batch", "ctx", "ms", "MB read", "TB/s", "/4.8",
-              "/read");
+  if (csv) {
+    std::fprintf(csv, "preset,D,hq,hk,batch,ctx,nq,ms,bytes,tbps,peak_frac,read_frac,kernel\n");
+  }
+  std::printf("%6s %7s %9s %10s %8s %8s %8s  %s\n", "batch", "ctx", "ms", "MB read", "TB/s", "/4.8",
+              "/read", "kernel");
   cudaEvent_t ev0, ev1;
   CHECK_CUDA(cudaEventCreate(&ev0));
   CHECK_CUDA(cudaEventCreate(&ev1));
   for (const Shape& s : shapes) {
     const int tiles = (s.ctx + G - 1) / G;
-    const int rec_tiles = tiles - cfg.sink_tiles - 1;  // sink and the last tile stay fp16
-    const int blocks = s.batch * rec_tiles;
+    const int rec_tiles = std::max(0, tiles - cfg.sink_tiles - 1);  // sink and last tile: fp16
+    const int blocks = std::max(1, s.batch * rec_tiles);
     const int pages = s.batch * 2;
     void *records, *kp, *vp, *table, *lens, *rt, *q, *out, *ws = nullptr;
     CHECK_KV(kvarn_memory_alloc(ctx, size_t(blocks) * Hk * stride, &records));
@@ -142,7 +169,7 @@ int main(int argc, char** argv) {
       h_table[size_t(b) * tiles] = 2 * b;  // sink page
       for (int i = 0; i < rec_tiles; ++i)
         h_table[size_t(b) * tiles + 1 + i] = perm[b * rec_tiles + i];
-      h_table[size_t(b) * tiles + tiles - 1] = 2 * b + 1;  // tail page
+      if (tiles > 1) h_table[size_t(b) * tiles + tiles - 1] = 2 * b + 1;  // tail page
     }
     CHECK_KV(kvarn_memory_alloc(ctx, h_table.size() * 4, &table));
     CHECK_KV(kvarn_memory_alloc(ctx, s.batch * 4, &lens));
@@ -183,6 +210,7 @@ int main(int argc, char** argv) {
     p.q_indptr = s.nq > 1 ? q_indptr.data() : nullptr;
     size_t ws_bytes = 0;
     CHECK_KV(kvarn_paged_attention_workspace_size(ctx, &cfg, &kv, &p, total_q, &ws_bytes));
+    const std::string kernel = kvarn_bench::PlannedKernel(ctx, cfg, kv, p, s.nq);
     if (ws_bytes) CHECK_KV(kvarn_memory_alloc(ctx, ws_bytes, &ws));
     auto call = [&] {
       CHECK_KV(kvarn_paged_attention(ctx, &cfg, &kv, &p, q, out, nullptr, ws, ws_bytes));
@@ -206,12 +234,13 @@ int main(int argc, char** argv) {
     const double bytes =
         double(s.batch) * Hk * (double(rec_tiles) * rb + 2.0 * (s.ctx - rec_tiles * G) * D * 2);
     const double bw = bytes / (t * 1e-3);
-    std::printf("%6d %7d%s %9.4f %10.1f %8.3f %7.1f%% %7.1f%%\n", s.batch, s.ctx,
+    std::printf("%6d %7d%s %9.4f %10.1f %8.3f %7.1f%% %7.1f%%  %s\n", s.batch, s.ctx,
                 s.nq > 1 ? (" q" + std::to_string(s.nq)).c_str() : "", t, bytes / 1e6, bw / 1e12,
-                100 * bw / 4.8e12, 100 * bw / read_bw);
+                100 * bw / 4.8e12, 100 * bw / read_bw, kernel.c_str());
     if (csv) {
-      std::fprintf(csv, "%d,%d,%d,%.5f,%.0f,%.4f,%.4f,%.4f\n", s.batch, s.ctx, s.nq, t, bytes,
-                   bw / 1e12, bw / 4.8e12, bw / read_bw);
+      std::fprintf(csv, "%s,%d,%d,%d,%d,%d,%d,%.5f,%.0f,%.4f,%.4f,%.4f,%s\n", preset, D, Hq, Hk,
+                   s.batch, s.ctx, s.nq, t, bytes, bw / 1e12, bw / 4.8e12, bw / read_bw,
+                   kernel.c_str());
     }
     for (void* ptr : {records, kp, vp, table, lens, rt, q, out, ws}) {
       if (ptr) kvarn_memory_free(ctx, ptr);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/half.h"
@@ -73,6 +74,29 @@ inline std::vector<uint16_t> RandomHalves(size_t n, unsigned seed) {
   std::vector<uint16_t> h(n);
   for (auto& x : h) x = kvarn::float_to_half(nd(rng));
   return h;
+}
+
+// The kernel an attention plan of this shape chooses (kvarn_attention_plan_kernel), shown
+// beside each timing so a row never hides a slow path.
+inline std::string PlannedKernel(kvarn_context_t* ctx, const kvarn_config_t& cfg,
+                                 const kvarn_paged_kv_t& kv, const kvarn_attention_params_t& p,
+                                 int nq) {
+  kvarn_attention_shape_t shape;
+  kvarn_attention_shape_defaults(&shape);
+  shape.batch = kv.batch;
+  shape.num_kv_heads = kv.num_kv_heads;
+  shape.max_blocks_per_seq = kv.max_blocks_per_seq;
+  shape.max_q_per_seq = nq > 1 ? nq : 0;
+  shape.max_total_q = static_cast<int64_t>(kv.batch) * nq;
+  kvarn_attention_params_t planned = p;
+  planned.q_indptr = nullptr;
+  kvarn_attention_plan_t* plan = nullptr;
+  CHECK_KV(kvarn_attention_plan_create(ctx, &cfg, &shape, &planned, &plan));
+  const char* name = nullptr;
+  CHECK_KV(kvarn_attention_plan_kernel(plan, &name));
+  const std::string out = name;
+  kvarn_attention_plan_destroy(plan);
+  return out;
 }
 
 }  // namespace kvarn_bench

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One call on the lent H200: build the CUDA backend, run the GPU suites, benchmark, print a table.
-#   bench/gpu/device_run.sh [all | test,python,bench,step,sanitize,profile (any of them)] [ctest -R regex]
+#   bench/gpu/device_run.sh [all | test,python,bench,grid,step,sanitize,profile (any of them)] [ctest -R regex]
 # Needs googletest sources in .devdeps/googletest (carried; Debian's /usr/src/googletest); the
 # python mode also needs .devdeps/swig (swig binary + its lib), .devdeps/wheels (pytest
 # and its deps) and .devdeps/austen-d128 (the model): see bench/gpu/README or the session notes.
@@ -118,6 +118,10 @@ if [[ $mode == *bench* || $mode == all ]]; then
   python3 bench/gpu/sdpa_baseline.py --csv "$OUT/sdpa.csv" 2>"$OUT/sdpa.err" | tee "$OUT/bench_sdpa.txt"
   [[ -x build/dev/bench/gpu/kvarn-bench-cuda-codec ]] &&
     build/dev/bench/gpu/kvarn-bench-cuda-codec | tee "$OUT/bench_codec.txt"
+fi
+if [[ $mode == *grid* || $mode == all ]]; then
+  # Decode over every preset and head dim row against fp16 SDPA (bench/gpu/decode_grid.sh).
+  bench/gpu/decode_grid.sh build/dev "$OUT" | tee "$OUT/grid_table.md"
 fi
 if [[ $mode == *step* || $mode == *bench* || $mode == all ]]; then
   # A whole decode step (32 layers of append + flush + attention), eager against a graph replay.

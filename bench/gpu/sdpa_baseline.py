@@ -3,7 +3,12 @@ each backend it offers (flash, cuDNN, memory-efficient) on the target shapes of 
 in the same run as bench_cuda_attention. Decode: q [B, 32, 1, 128] over K/V [B, 8, ctx, 128] fp16, enable_gqa.
 Extend: 2048 new queries over 32768 + 2048 keys, causal aligned to the end (lower right).
 
-    python3 bench/gpu/sdpa_baseline.py [--quick] [--csv FILE]
+    python3 bench/gpu/sdpa_baseline.py [--quick] [--csv FILE] [--head-dim D] [--heads HQ HK]
+                                       [--decode-grid] [--graph]
+
+The same shape options as bench_cuda_attention (--preset is accepted and ignored: fp16 has none).
+--decode-grid: decode at batch 1, 8, 32 over 1k, 4k, 32k and 128k tokens. --graph: time replays
+of a CUDA graph of the call (decode), as an engine runs it, instead of eager calls.
 """
 import argparse
 import sys
@@ -36,18 +41,38 @@ def time_ms(fn, iters):
     return runs[len(runs) // 2]
 
 
+def graphed(fn):
+    """fn captured in a CUDA graph (after a warm-up on a side stream); returns its replay."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--csv")
+    ap.add_argument("--preset", default="k4v2_g128")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--heads", type=int, nargs=2, default=(32, 8), metavar=("HQ", "HK"))
+    ap.add_argument("--decode-grid", action="store_true")
+    ap.add_argument("--graph", action="store_true")
     a = ap.parse_args()
     torch.manual_seed(0)
-    hq, hk, d = 32, 8, 128
+    (hq, hk), d = a.heads, a.head_dim
     rows = []
     shapes = [(b, c, 1) for b in (1, 8, 32) for c in (4096, 32768, 131072)
               if not (a.quick and c > 32768)]
     shapes.append((1, 32768 + 2048, 2048))
     shapes.append((8, 8192 + 512, 512))
+    if a.decode_grid:
+        shapes = [(b, c, 1) for b in (1, 8, 32) for c in (1024, 4096, 32768, 131072)]
     print(f"{'batch':>6} {'ctx':>7} {'nq':>5} " + " ".join(f"{n:>10}" for n in BACKENDS))
     for b, c, nq in shapes:
         q = torch.randn(b, hq, nq, d, device="cuda", dtype=torch.float16)
@@ -63,6 +88,8 @@ def main():
                 with sdpa_kernel([be]):
                     fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
                                                                 enable_gqa=True)
+                    if a.graph:
+                        fn = graphed(fn)
                     ms = time_ms(fn, 20 if b * c >= (1 << 20) else 100)
             except Exception as e:  # a backend that does not take this shape
                 print(f"  {name} b={b} ctx={c}: {type(e).__name__}: {str(e)[:120]}",
@@ -75,9 +102,9 @@ def main():
         torch.cuda.empty_cache()
     if a.csv:
         with open(a.csv, "w") as f:
-            f.write("batch,ctx,nq,backend,ms\n")
+            f.write("D,hq,hk,batch,ctx,nq,backend,ms\n")
             for r in rows:
-                f.write(",".join(str(x) for x in r) + "\n")
+                f.write(",".join(str(x) for x in (d, hq, hk) + tuple(r)) + "\n")
 
 
 if __name__ == "__main__":

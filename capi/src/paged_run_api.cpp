@@ -123,6 +123,17 @@ kvarn_status_t kvarn_attention_plan_create(kvarn_context_t* context, const kvarn
 
 void kvarn_attention_plan_destroy(kvarn_attention_plan_t* plan) { delete plan; }
 
+kvarn_status_t kvarn_attention_plan_kernel(const kvarn_attention_plan_t* plan,
+                                           const char** out_name) {
+  return Guard([&]() -> Status {
+    if (plan == nullptr || out_name == nullptr) {
+      return kvarn::InvalidArgument("plan or out_name is NULL");
+    }
+    *out_name = plan->plan.kernel;
+    return Status::Ok();
+  });
+}
+
 kvarn_status_t kvarn_attention_plan_workspace_size(const kvarn_attention_plan_t* plan,
                                                    size_t* out_bytes) {
   return Guard([&]() -> Status {

@@ -559,6 +559,16 @@ KVARN_API void kvarn_attention_plan_destroy(kvarn_attention_plan_t* plan);
 /* Workspace bytes every run of the plan needs (0 is possible). */
 KVARN_API kvarn_status_t kvarn_attention_plan_workspace_size(const kvarn_attention_plan_t* plan,
                                                              size_t* out_bytes);
+/* The kernel the plan runs, a static string: "cpu", "cuda-tensor-core-decode",
+ * "cuda-tensor-core-extend" or "cuda-general" (ROCm contexts: "cuda-general" too, the same
+ * kernel compiled as HIP). The tensor-core kernels read the pools with 16-byte copies: a run whose
+ * records, k_pages or v_pages are not 16-byte aligned, or whose record_stride is not a multiple of
+ * 16, fails with KVARN_ERR_INVALID_ARGUMENT (never a silent fall back to the slower kernel;
+ * kvarn_paged_attention, without a plan, does fall back). "cuda-general" is chosen only for
+ * shapes the tensor-core family lacks (D 512 with G 128 and 8-bit codes) or when the environment
+ * forces it (KVARN_CUDA_ATTENTION=generic). */
+KVARN_API kvarn_status_t kvarn_attention_plan_kernel(const kvarn_attention_plan_t* plan,
+                                                     const char** out_name);
 
 /* Attention of one step under a plan (docs/FORMAT.md section 9, as kvarn_paged_attention).
  * kv: batch, num_kv_heads and max_blocks_per_seq equal to the plan's shape; seq_lens (the
