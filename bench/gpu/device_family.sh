@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device call for the tensor-core decode family (issue 22): build only the attention suite,
+# the plan/run suite, the selftest and the benchmark; run the suite with the bulk-copy ring and
+# the cp.async ring, then the decode grid against fp16 SDPA (bench/gpu/decode_grid.sh); a table
+# last. Needs .devdeps/googletest (carried).
+#   bench/gpu/device_family.sh [tests|grid|tests,grid] [gtest filter] [grid rows...]
+set -uo pipefail
+mode=${1:-tests,grid}
+filter=${2:-*}
+shift 2 2>/dev/null || shift $#
+OUT=${OUT:-/tmp/kvarn-out}
+mkdir -p "$OUT"
+J=$(nproc)
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+if [[ ! -f /tmp/gt/lib/cmake/GTest/GTestConfig.cmake ]]; then
+  { cmake -S .devdeps/googletest -B /tmp/gt-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX=/tmp/gt && cmake --build /tmp/gt-build -j"$J" &&
+      cmake --install /tmp/gt-build; } >"$OUT/gtest.log" 2>&1 || { tail -20 "$OUT/gtest.log"; exit 1; }
+fi
+cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVARN_ENABLE_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH=/tmp/gt >"$OUT/configure.log" 2>&1 ||
+  { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build/dev -j"$J" --target kvarn_test_cuda_attention kvarn_test_paged_run \
+  kvarn-selftest bench_cuda_attention >"$OUT/build.log" 2>&1 ||
+  { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+rc=0
+summary=()
+if [[ $mode == *tests* ]]; then
+  for ring in bulk cpasync; do
+    KVARN_CUDA_RING=$ring build/dev/tests/kvarn_test_cuda_attention --gtest_filter="$filter" \
+      >"$OUT/attention_$ring.log" 2>&1 || rc=1
+    summary+=("attention ($ring ring): $(grep -E '^\[  (PASSED|FAILED)' "$OUT/attention_$ring.log" | tr '\n' ' ')")
+    grep -E "^\[  FAILED|Failure|Expected|Which is" "$OUT/attention_$ring.log" | head -20
+  done
+  grep -E "^\[ errors" "$OUT/attention_bulk.log" | sort -t, -k1 | awk '{print}' >"$OUT/errors.txt"
+  # The worst errors of the family against float64.
+  sort -k6 -g "$OUT/errors.txt" | tail -3
+  build/dev/tests/kvarn_test_paged_run --gtest_brief=1 >"$OUT/paged_run.log" 2>&1 || rc=1
+  summary+=("paged_run: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/paged_run.log" | tr '\n' ' ')")
+  build/dev/tools/kvarn-selftest/kvarn-selftest --backend cuda >"$OUT/selftest_cuda.log" 2>&1 || rc=1
+  summary+=("selftest cuda: $(tail -1 "$OUT/selftest_cuda.log")")
+fi
+if [[ $mode == *grid* ]]; then
+  timeout ${GRID_TIMEOUT:-300} bench/gpu/decode_grid.sh build/dev "$OUT" "$@" | tee "$OUT/grid_table.md"
+fi
+echo "---- $(( $(date +%s) - t0 )) s, rc=$rc ----"
+printf '%s\n' "${summary[@]}"
+(cd "$OUT" && tar czf logs.tgz --remove-files ./*.log ./*.txt ./*.csv 2>/dev/null)
+exit $rc
