@@ -293,6 +293,16 @@ std::vector<Case> Cases() {
     cs.push_back(c);
   }
   {
+    // The benchmark's design-point shape at 128k (8 KV heads, auto splits): many stages per
+    // split with 4 record groups over 7 stages, where a consumer can reach a stage two phases
+    // ahead of its record's copy (device run 1 of session 8 faulted here).
+    Case c;
+    c.name = "long128k_hk8_decode";
+    c.Hk = 8;
+    c.lens = {131072};
+    cs.push_back(c);
+  }
+  {
     Case c;
     c.name = "long128k_decode";
     c.Hk = 1;

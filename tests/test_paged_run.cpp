@@ -459,6 +459,75 @@ TEST_P(PagedRun, WithoutAStatusArrayAFaultFailsTheCall) {
   KVT_EXPECT_OK(kvarn_context_synchronize(ctx_.get()));  // the error was reported once
 }
 
+TEST_P(PagedRun, PlanNamesItsKernelAndRefusesAPoolItCannotRead) {
+  // The plan says which kernel it runs; a tensor-core plan over a pool whose record stride is
+  // not a multiple of 16 is refused (never a silent fall back to the general kernel), and the
+  // same pool with an aligned stride runs.
+  KVT_SEEDED_RNG(rng, 0);
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  for (size_t padding : {8, 16}) {
+    kvt::PagedCacheSpec spec;
+    spec.num_kv_heads = kHk;
+    spec.lens = {300, 129};
+    spec.stride_padding = padding;
+    kvt::PagedCache pc;
+    auto cpu = kvt::MakeCpuContext();
+    ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg_, spec, rng, &pc));
+    DeviceBuffer records(ctx_.get(), pc.records), k_pages(ctx_.get(), pc.k_pages),
+        v_pages(ctx_.get(), pc.v_pages), table(ctx_.get(), pc.block_table),
+        lens(ctx_.get(), pc.seq_lens), rtiles(ctx_.get(), pc.record_tiles);
+    kvarn_paged_kv_t kv = pc.View();
+    kv.records = records.get();
+    kv.k_pages = k_pages.get();
+    kv.v_pages = v_pages.get();
+    kv.block_table = static_cast<const int32_t*>(table.get());
+    kv.seq_lens = static_cast<const int32_t*>(lens.get());
+    kv.record_tiles = static_cast<const int32_t*>(rtiles.get());
+    kvarn_attention_shape_t shape;
+    kvarn_attention_shape_defaults(&shape);
+    shape.batch = pc.batch;
+    shape.num_kv_heads = kHk;
+    shape.max_blocks_per_seq = pc.max_blocks;
+    kvarn_attention_plan_t* raw = nullptr;
+    KVT_ASSERT_OK(kvarn_attention_plan_create(ctx_.get(), &cfg_, &shape, &ap, &raw));
+    PlanPtr plan(raw);
+    const char* kernel = nullptr;
+    KVT_ASSERT_OK(kvarn_attention_plan_kernel(plan.get(), &kernel));
+    ASSERT_NE(kernel, nullptr);
+    const bool tensor_core = std::string(kernel).find("tensor-core") != std::string::npos;
+    if (GetParam() == KVARN_BACKEND_CPU) {
+      EXPECT_STREQ(kernel, "cpu");
+    } else {
+#if defined(KVT_GPU_BACKEND_ROCM)
+      EXPECT_STREQ(kernel, "cuda-general");  // no tensor-core path under HIP
+#else
+      EXPECT_STREQ(kernel, "cuda-tensor-core-decode");  // the design point on sm_80+
+#endif
+    }
+    const auto q = Random(rng, static_cast<size_t>(pc.batch) * kHq * kD, 0.3);
+    DeviceBuffer dq(ctx_.get(), q), out(ctx_.get(), std::vector<float>(q.size(), 7.f));
+    DeviceBuffer ws(ctx_.get(), AttentionWorkspace(plan.get()));
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    launch.workspace = ws.get();
+    launch.workspace_bytes = ws.bytes();
+    const kvarn_status_t st = kvarn_paged_attention_run(ctx_.get(), plan.get(), &kv, &launch,
+                                                        nullptr, dq.get(), out.get(), nullptr);
+    if (tensor_core && padding % 16 != 0) {
+      EXPECT_TRUE(IsError(st, KVARN_ERR_INVALID_ARGUMENT, "16-byte"));
+      EXPECT_EQ(out.Download<float>(), std::vector<float>(q.size(), 7.f));  // nothing written
+    } else {
+      KVT_EXPECT_OK(st);
+      KVT_EXPECT_OK(kvarn_context_synchronize(ctx_.get()));
+      EXPECT_NE(out.Download<float>(), std::vector<float>(q.size(), 7.f));
+    }
+  }
+  const char* name = nullptr;
+  EXPECT_EQ(kvarn_attention_plan_kernel(nullptr, &name), KVARN_ERR_INVALID_ARGUMENT);
+}
+
 TEST_P(PagedRun, ExtendPlanMatchesTheHostIndptrCall) {
   // An extend plan (up to 40 query tokens per sequence, q_indptr in context memory) over a
   // ragged batch gives what kvarn_paged_attention with a host q_indptr gives; rows past
@@ -468,6 +537,7 @@ TEST_P(PagedRun, ExtendPlanMatchesTheHostIndptrCall) {
   spec.num_kv_heads = kHk;
   spec.lens = {300, 41, 777, 64, 129};
   spec.flush_lag = 1;
+  spec.stride_padding = 16;  // aligned: the GPU plan takes a tensor-core kernel
   kvt::PagedCache pc;
   auto cpu = kvt::MakeCpuContext();
   ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg_, spec, rng, &pc));

@@ -739,6 +739,7 @@ struct MmaSmem {
   int limit[kRows], qrow[kRows];
   uint64_t full[S::kStages];   // the stage's record has landed
   uint64_t empty[S::kStages];  // the stage's group is done with it
+  int issued[S::kStages];      // the record whose copy into the stage was started last
 };
 
 __device__ __forceinline__ const uint8_t* RecordAt(const AttnParams& P, int id, int h) {
@@ -797,7 +798,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
 
   // Group v consumes the records k = v, v + kGroups, ... from stages k % kStages. When it is done
   // with record k its first warp refills that stage with record k + kStages, which another group
-  // consumes: every wait is on a smaller record index, so the ring cannot deadlock.
+  // consumes: every wait is on a smaller record index, so the ring cannot deadlock. An mbarrier
+  // wait tells only the parity of a phase, and with kStages not a multiple of kGroups the
+  // consumer of record k + 2 kStages can come to its stage before record k + kStages has even
+  // been issued (its parity is k's, long complete): so a consumer first waits until `issued`
+  // names its record, after which the stage's pending phase is its record's.
   if (tid == 0) {
     for (int st = 0; st < S::kStages; ++st) {
       BarrierInit(&M.full[st], kWarpSize);
@@ -810,6 +815,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
   // Start the ring: its first copies overlap the query setup and the page tiles.
   for (int k = warp; k < min(nrec, S::kStages); k += S::kWarps) {
     IssueRecord<S>(P, M.u.ring[k], &M.full[k], table[r_lo + k], h, lane, kWarpSize);
+    if (lane == 0) M.issued[k] = k;
   }
   // Scores in the log2 domain.
   LoadQueries(P, M.qrow, D, P.scale * 1.4426950408889634f, M.q);
@@ -853,6 +859,11 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
     const uint32_t parity = (k / S::kStages) & 1;
     const int next = k + S::kStages;
     const int next_id = next < nrec ? table[r_lo + next] : -1;
+    if (lane == 0) {
+      while (atomicAdd(&M.issued[stage], 0) != k) {
+      }
+    }
+    __syncwarp();
     BarrierWait(&M.full[stage], parity);
     const int tile = r_lo + k;
     const int id = table[tile];
@@ -867,6 +878,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
     if (next < nrec && wl == 0) {
       BarrierWait(&M.empty[stage], parity);
       IssueRecord<S>(P, M.u.ring[stage], &M.full[stage], next_id, h, lane, kWarpSize);
+      __syncwarp();
+      if (lane == 0) atomicExch(&M.issued[stage], next);
     }
   }
   __syncthreads();     // the ring's memory becomes the merge area

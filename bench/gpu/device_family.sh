@@ -42,6 +42,19 @@ if [[ $mode == *tests* ]]; then
   build/dev/tools/kvarn-selftest/kvarn-selftest --backend cuda >"$OUT/selftest_cuda.log" 2>&1 || rc=1
   summary+=("selftest cuda: $(tail -1 "$OUT/selftest_cuda.log")")
 fi
+if [[ $mode == *sanitize* ]]; then
+  # One case per kernel layout of the family: one warp per record (D64/D128, G 64/128), two and
+  # four warps per record (D256, D512), every code width, and the ring wrapping in one split.
+  sfilter=${SANITIZE_FILTER:-'*family_d64_k2v2_g64_*:*family_d128_k8v4_g128_*:*family_d256_k4v2_g128_*:*family_d512_k2v8_g64_*:*family_d128_k4v2_g128_gqa*:*ring_one_split*'}
+  for tool in memcheck racecheck synccheck; do
+    compute-sanitizer --tool $tool --error-exitcode 9 build/dev/tests/kvarn_test_cuda_attention \
+      --gtest_filter="$sfilter" >"$OUT/sanitize_$tool.log" 2>&1 || rc=1
+    summary+=("compute-sanitizer $tool: $(grep -E '^\[  (PASSED|FAILED)' "$OUT/sanitize_$tool.log" | tr '\n' ' ') $(grep -E 'SUMMARY' "$OUT/sanitize_$tool.log" | tail -1)")
+  done
+fi
+if [[ $mode == *bench1* ]]; then
+  for shape in "1 131072" "32 32768"; do build/dev/bench_cuda_attention --no-read-bw --shape $shape 2>&1 | tail -2; done
+fi
 if [[ $mode == *grid* ]]; then
   timeout ${GRID_TIMEOUT:-300} bench/gpu/decode_grid.sh build/dev "$OUT" "$@" | tee "$OUT/grid_table.md"
 fi
