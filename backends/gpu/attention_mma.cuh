@@ -529,11 +529,14 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   }
   qz += __shfl_xor_sync(0xffffffffu, qz, 1);
   qz += __shfl_xor_sync(0xffffffffu, qz, 2);
-  float zrow[2], bias[2];
+  // sum_d (q a)_d code + sum_d q z = product / 2^shift + off[shift / 2][n], with
+  // off = qz - 1024 bsum / 2^shift per row n = 2c + n (its qz lives in thread group 2c + n).
+  float off[4][2];
 #pragma unroll
-  for (int e = 0; e < 2; ++e) {  // rows n = 2c + e live in the lanes of thread group 2c + e
-    zrow[e] = __shfl_sync(0xffffffffu, qz, (2 * c + e) * 4);
-    bias[e] = kCodeBias * bsum[e];
+  for (int n = 0; n < 2; ++n) {
+    const float z = __shfl_sync(0xffffffffu, qz, (2 * c + n) * 4);
+#pragma unroll
+    for (int sh = 0; sh < 4; ++sh) off[sh][n] = fmaf(-kCodeBias * bsum[n], 1.f / (1 << 2 * sh), z);
   }
 
   // Scores (partial over the slice): codes 2j + e of the run a thread reads from channel row d.
@@ -562,15 +565,14 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
       Mma16816(s[j], a, qal[i]);
     });
   }
-  // sum_d (q a)_d code + sum_d q z = (product - 1024 bsum) / 2^shift + qz, per row half.
   StaticFor<TM>([&](auto jc) {
     constexpr int j = decltype(jc)::value;
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
-      const float inv = e == 0 ? 1.f / static_cast<float>(1 << CodeShift<KB>(j, 0))
-                               : 1.f / static_cast<float>(1 << CodeShift<KB>(j, 1));
-      s[j][2 * e] = fmaf(s[j][2 * e] - bias[0], inv, zrow[0]);
-      s[j][2 * e + 1] = fmaf(s[j][2 * e + 1] - bias[1], inv, zrow[1]);
+      const int sh = e == 0 ? CodeShift<KB>(j, 0) : CodeShift<KB>(j, 1);
+      const float inv = 1.f / static_cast<float>(1 << sh);
+      s[j][2 * e] = fmaf(s[j][2 * e], inv, off[sh / 2][0]);
+      s[j][2 * e + 1] = fmaf(s[j][2 * e + 1], inv, off[sh / 2][1]);
     }
   });
   SumGroupScores<S>(s, xs, u, wl);
@@ -624,16 +626,24 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   // (rows 2c, 2c+1), o[mt][2..3]: channel 2mt + 1.
   const uint32_t* vcw =
       reinterpret_cast<const uint32_t*>(rec + P.off_vc + 2 * (cb + S::kDw / 8 * g));
-  const float pb[2] = {kCodeBias * psum[0], kCodeBias * psum[1]};
+  // (o - pb) / 2^shift + pzz = o / 2^shift + voff[shift / 2][n], pb = 1024 psum.
+  float voff[4][2];
+#pragma unroll
+  for (int sh = 0; sh < 4; ++sh) {
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+      voff[sh][n] = fmaf(-kCodeBias * psum[n], 1.f / (1 << 2 * sh), pzz[n]);
+  }
   StaticFor<KC>([&](auto mc) {
     constexpr int mt = decltype(mc)::value;
     const float2 cv = Half2AsFloat2(vcw[mt]);  // channels 2mt, 2mt + 1 of the run
-    constexpr float inv0 = 1.f / static_cast<float>(1 << CodeShift<VB>(mt, 0));
-    constexpr float inv1 = 1.f / static_cast<float>(1 << CodeShift<VB>(mt, 1));
-    W.acc[mt][0] = fmaf(cv.x, fmaf(o[mt][0] - pb[0], inv0, pzz[0]), W.acc[mt][0] * alpha[0]);
-    W.acc[mt][1] = fmaf(cv.x, fmaf(o[mt][1] - pb[1], inv0, pzz[1]), W.acc[mt][1] * alpha[1]);
-    W.acc[mt][2] = fmaf(cv.y, fmaf(o[mt][2] - pb[0], inv1, pzz[0]), W.acc[mt][2] * alpha[0]);
-    W.acc[mt][3] = fmaf(cv.y, fmaf(o[mt][3] - pb[1], inv1, pzz[1]), W.acc[mt][3] * alpha[1]);
+    constexpr int sh0 = CodeShift<VB>(mt, 0), sh1 = CodeShift<VB>(mt, 1);
+    constexpr float inv0 = 1.f / static_cast<float>(1 << sh0);
+    constexpr float inv1 = 1.f / static_cast<float>(1 << sh1);
+    W.acc[mt][0] = fmaf(cv.x, fmaf(o[mt][0], inv0, voff[sh0 / 2][0]), W.acc[mt][0] * alpha[0]);
+    W.acc[mt][1] = fmaf(cv.x, fmaf(o[mt][1], inv0, voff[sh0 / 2][1]), W.acc[mt][1] * alpha[1]);
+    W.acc[mt][2] = fmaf(cv.y, fmaf(o[mt][2], inv1, voff[sh1 / 2][0]), W.acc[mt][2] * alpha[0]);
+    W.acc[mt][3] = fmaf(cv.y, fmaf(o[mt][3], inv1, voff[sh1 / 2][1]), W.acc[mt][3] * alpha[1]);
   });
   __syncwarp();
 }
