@@ -51,18 +51,6 @@ if(TARGET kvarn_python)
       SKIP_RETURN_CODE 77)
   endif()
 
-  # Packaging: `pip wheel` of the repository (scikit-build-core, no build isolation: the build
-  # backend comes from the same environment), then the wheel alone imported and self-tested.
-  execute_process(COMMAND ${Python3_EXECUTABLE} -c "import scikit_build_core, pip"
-                  RESULT_VARIABLE _kvarn_py_no_skbuild OUTPUT_QUIET ERROR_QUIET)
-  if(NOT _kvarn_py_no_skbuild)
-    add_test(NAME python.packaging.wheel
-             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/python/check_wheel.py
-                     ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/python-wheel)
-    set_tests_properties(python.packaging.wheel PROPERTIES
-      LABELS "python;packaging" TIMEOUT 900)
-  else()
-    message(STATUS "kvarn python: scikit-build-core not in ${Python3_EXECUTABLE}; "
-                   "python.packaging.wheel not registered")
-  endif()
+  # Packaging (the wheel as a user builds and installs it) is not a CTest test: it builds the
+  # library once more in pip, so .ci/run runs it once, as scripts/wheel-ci.sh.
 endif()
