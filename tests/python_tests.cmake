@@ -35,6 +35,13 @@ if(TARGET kvarn_python)
   set_tests_properties(example.python.codec PROPERTIES
     ENVIRONMENT "${_kvarn_py_env}" LABELS "example;python" TIMEOUT 120)
 
+  # README.md's Python start (examples/readme, verbatim in README: docs.readme_snippets).
+  add_test(NAME example.readme.python
+           COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/examples/readme/start.py)
+  set_tests_properties(example.readme.python PROPERTIES
+    ENVIRONMENT "${_kvarn_py_env}" LABELS "example;python" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "x smaller")
+
   # The capturable paged layer: an engine's decode loop (numpy on the CPU), self-checking; with
   # torch and a CUDA device also captured in a CUDA graph (`--device cuda`, exits 77 = skipped
   # where either is missing).
