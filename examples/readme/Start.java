@@ -3,8 +3,12 @@ import java.nio.*;
 import java.util.Random;
 
 public class Start {
-  static FloatBuffer random(Random rng, int n) {  // direct, native order: what the cache reads
-    FloatBuffer b = ByteBuffer.allocateDirect(4 * n).order(ByteOrder.nativeOrder()).asFloatBuffer();
+  static FloatBuffer direct(int n) {  // direct, native byte order: what the cache reads
+    return ByteBuffer.allocateDirect(4 * n).order(ByteOrder.nativeOrder()).asFloatBuffer();
+  }
+
+  static FloatBuffer random(Random rng, int n) {  // model data: here random
+    FloatBuffer b = direct(n);
     for (int i = 0; i < n; i++) b.put(i, (float) rng.nextGaussian());
     return b;
   }
@@ -18,7 +22,7 @@ public class Start {
       cache.addSequence(42);
       for (int layer = 0; layer < 2; layer++)              // k, v: [4000][Hk][D], unrotated
         cache.append(42, layer, random(rng, 4000 * 2 * 128), random(rng, 4000 * 2 * 128));
-      FloatBuffer out = random(rng, 8 * 128);
+      FloatBuffer out = direct(8 * 128);
       cache.attention(0, new long[] {42}, 8, random(rng, 8 * 128), out);  // decode, Hq 8
       CacheStats s = cache.stats();
       System.out.printf("%d tokens: %d bytes used, %d as fp16: %.2fx smaller%n", s.tokens(),
