@@ -1,6 +1,5 @@
 #include <kvarn/kvarn.h>
 #include <stdio.h>
-#include <stdlib.h>
 #define CHECK(call) \
   if ((call) != KVARN_OK) return fprintf(stderr, "%s: %s\n", #call, kvarn_last_error()), 1
 
@@ -16,8 +15,8 @@ int main(void) {
   kvarn_cache_stats_t s;
   int64_t seq = 42;
   int layer, i;
-  for (i = 0; i < N * HK * D; ++i) k[i] = rand() % 2001 / 1e3f - 1, v[i] = rand() % 2001 / 1e3f - 1;
-  for (i = 0; i < HQ * D; ++i) q[i] = rand() % 2001 / 1e3f - 1; /* model data: here random */
+  for (i = 0; i < N * HK * D; ++i) k[i] = v[i] = i * 7919L % 2001 / 1e3f - 1; /* model data */
+  for (i = 0; i < HQ * D; ++i) q[i] = i * 7919L % 2001 / 1e3f - 1;
 
   kvarn_context_options_defaults(&copt);
   copt.backend = KVARN_BACKEND_CPU;

@@ -9,21 +9,18 @@ fn main() -> kvarn::Result<()> {
     let mut cache = Cache::new(&ctx, &options)?;
     println!("cache: {} bytes reserved", cache.stats()?.bytes_capacity);
 
-    let mut seed = 1u32; // model data: here pseudo-random in [-1, 1)
-    let mut random = |n: usize| -> Vec<f32> {
+    // Model data, here a fixed pattern in [-1, 1]
+    let data = |n: usize| -> Vec<f32> {
         (0..n)
-            .map(|_| {
-                seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
-                (seed >> 8) as f32 / 8388608.0 - 1.0
-            })
+            .map(|i| (i * 7919 % 2001) as f32 / 1e3 - 1.0)
             .collect()
     };
     cache.add_sequence(42)?;
     for layer in 0..2 {
         // K, V: [4000][Hk][D] as the model produced them (unrotated)
-        cache.append(42, layer, &random(4000 * 2 * 128), &random(4000 * 2 * 128))?;
+        cache.append(42, layer, &data(4000 * 2 * 128), &data(4000 * 2 * 128))?;
     }
-    let q = random(8 * 128); // decode: one token, 8 query heads (GQA 4)
+    let q = data(8 * 128); // decode: one token, 8 query heads (GQA 4)
     let mut out = vec![0f32; 8 * 128];
     cache.attention(0, &[42], &AttentionParams::decode(8), &q, &mut out, None)?;
 
