@@ -8,6 +8,10 @@
 #                                                 find_package(kvarn) -> kvarn::kvarn
 #   <libdir>/pkgconfig/kvarn.pc                   pkg-config --cflags --libs kvarn
 #
+# and writes <build dir>/kvarn-uninstalled.pc, which pkg-config prefers to kvarn.pc: with
+# PKG_CONFIG_PATH=<build dir>, `pkg-config --cflags --libs kvarn` gives the source tree's header
+# and the build tree's library (with an RPATH to it), no install step needed.
+#
 # Only `kvarn` is installed from the library side; kvarn_internal is a test-only static twin.
 # Components: "Runtime" (the versioned shared object) and "Development" (everything else), so a
 # packager can split lib and -dev packages with `cmake --install --component`.
@@ -75,7 +79,25 @@ foreach(_dir LIBDIR INCLUDEDIR)
     set(KVARN_PC_${_dir} "\${prefix}/${CMAKE_INSTALL_${_dir}}")
   endif()
 endforeach()
-configure_file(${PROJECT_SOURCE_DIR}/cmake/kvarn.pc.in ${PROJECT_BINARY_DIR}/kvarn.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/kvarn.pc
+set(KVARN_PC_LIBS "-L\${libdir} -lkvarn")
+# Kept out of the build directory's top level, where kvarn-uninstalled.pc lives.
+configure_file(${PROJECT_SOURCE_DIR}/cmake/kvarn.pc.in ${PROJECT_BINARY_DIR}/cmake/kvarn.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/cmake/kvarn.pc
   DESTINATION ${KVARN_INSTALL_PKGCONFIGDIR}
   COMPONENT Development)
+
+# The build tree's twin (pkg-config's "-uninstalled" convention): the library's build directory,
+# known at generate time; a multi-config generator writes one file per configuration.
+set(KVARN_PC_PREFIX "${PROJECT_BINARY_DIR}")
+set(KVARN_PC_LIBDIR "$<TARGET_FILE_DIR:kvarn>")
+set(KVARN_PC_INCLUDEDIR "${PROJECT_SOURCE_DIR}/capi/include")
+set(KVARN_PC_LIBS "-L\${libdir} -Wl,-rpath,\${libdir} -lkvarn")
+configure_file(${PROJECT_SOURCE_DIR}/cmake/kvarn.pc.in
+               ${PROJECT_BINARY_DIR}/cmake/kvarn-uninstalled.pc.in @ONLY)
+get_property(_kvarn_multi_config GLOBAL PROPERTY GENERATOR_IS_MULTI_CONFIG)
+if(_kvarn_multi_config)
+  set(_kvarn_pc_out "${PROJECT_BINARY_DIR}/$<CONFIG>/kvarn-uninstalled.pc")
+else()
+  set(_kvarn_pc_out "${PROJECT_BINARY_DIR}/kvarn-uninstalled.pc")
+endif()
+file(GENERATE OUTPUT ${_kvarn_pc_out} INPUT ${PROJECT_BINARY_DIR}/cmake/kvarn-uninstalled.pc.in)

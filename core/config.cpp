@@ -20,6 +20,12 @@ bool IsTile(int g) { return g == 64 || g == 128; }
 
 }  // namespace
 
+Status CheckHeadDim(int32_t head_dim) {
+  if (IsHeadDim(head_dim)) return Status::Ok();
+  return Unsupported("head_dim " + std::to_string(head_dim) +
+                     " unsupported: must be one of 64, 128, 256, 512");
+}
+
 RecordLayout ComputeLayout(int D, int G, int key_bits, int value_bits) {
   RecordLayout l{};
   const size_t d = static_cast<size_t>(D), g = static_cast<size_t>(G);
@@ -59,22 +65,22 @@ Status ParseConfig(const kvarn_config_t* in, Config* out) {
   DefaultConfig(&cfg);
   KVARN_RETURN_IF_ERROR(ReadStruct(in, "config", &cfg));
   const kvarn_config_t* c = &cfg;
-  if (!IsHeadDim(c->head_dim)) {
-    return Unsupported("head_dim " + std::to_string(c->head_dim) +
-                       " unsupported (64, 128, 256, 512)");
-  }
+  KVARN_RETURN_IF_ERROR(CheckHeadDim(c->head_dim));
   if (!IsTile(c->tile_tokens)) {
-    return Unsupported("tile_tokens " + std::to_string(c->tile_tokens) + " unsupported (64, 128)");
+    return Unsupported("tile_tokens " + std::to_string(c->tile_tokens) +
+                       " unsupported: must be one of 64, 128");
   }
   if (!IsBits(c->key_bits) || !IsBits(c->value_bits)) {
     return Unsupported("key_bits/value_bits " + std::to_string(c->key_bits) + "/" +
-                       std::to_string(c->value_bits) + " unsupported (2, 4, 8)");
+                       std::to_string(c->value_bits) + " unsupported: each must be one of 2, 4, 8");
   }
   if (c->iterations < 0 || c->iterations > kMaxIterations) {
-    return InvalidArgument("iterations " + std::to_string(c->iterations) + " outside 0..32");
+    return InvalidArgument("iterations " + std::to_string(c->iterations) +
+                           " out of range: must be in 0..32");
   }
   if (c->sink_tiles < 0 || c->sink_tiles > kMaxSinkTiles) {
-    return InvalidArgument("sink_tiles " + std::to_string(c->sink_tiles) + " outside 0..64");
+    return InvalidArgument("sink_tiles " + std::to_string(c->sink_tiles) +
+                           " out of range: must be in 0..64");
   }
   const uint32_t known = KVARN_ABLATE_NO_ROTATION | KVARN_ABLATE_NO_NORMALIZATION;
   if ((c->key_flags & ~known) || (c->value_flags & ~known)) {
@@ -112,9 +118,7 @@ Status ConfigFromPreset(const char* name, int32_t head_dim, kvarn_config_t* conf
   if (std::strcmp(canonical, name) != 0) {
     return {KVARN_ERR_NOT_FOUND, std::string("unknown preset '") + name + "'"};
   }
-  if (!IsHeadDim(head_dim)) {
-    return Unsupported("head_dim " + std::to_string(head_dim) + " unsupported (64..512)");
-  }
+  KVARN_RETURN_IF_ERROR(CheckHeadDim(head_dim));
   DefaultConfig(config);
   config->head_dim = head_dim;
   config->tile_tokens = g;

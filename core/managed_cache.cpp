@@ -434,7 +434,7 @@ Status ManagedCache::Append(int64_t id, int layer, size_t n, kvarn_dtype_t dtype
     return InvalidArgument("layer " + std::to_string(layer) + " outside 0.." +
                            std::to_string(L_ - 1));
   }
-  if (!IsValidDtype(dtype)) return InvalidArgument("unknown dtype");
+  KVARN_RETURN_IF_ERROR(CheckDtypeArg(dtype, "dtype"));
   if (flags & ~KVARN_APPEND_SPECULATIVE) return InvalidArgument("unknown append flags");
   if (n == 0) return Status::Ok();
   if (k == nullptr || v == nullptr) return InvalidArgument("k or v is NULL");

@@ -15,8 +15,6 @@ Status CheckContext(const Context* ctx) {
 
 namespace {
 
-bool IsHeadDim(int d) { return d == 64 || d == 128 || d == 256 || d == 512; }
-
 Status CheckDtype(const kvarn_dtype_t& dtype, const char* what) {
   return CheckDtypeArg(dtype, what);
 }
@@ -41,7 +39,8 @@ Status CheckCodecArgs(Context* ctx, const Config& cfg, kvarn_dtype_t dtype, cons
 Status CheckDtypeArg(const kvarn_dtype_t& dtype, const char* what) {
   const int32_t v = EnumInt(dtype);
   if (v != KVARN_DTYPE_F32 && v != KVARN_DTYPE_F16 && v != KVARN_DTYPE_BF16) {
-    return InvalidArgument(std::string(what) + ": unknown dtype value " + std::to_string(v));
+    return InvalidArgument(std::string(what) + ": unknown dtype value " + std::to_string(v) +
+                           ": must be one of KVARN_DTYPE_F32, KVARN_DTYPE_F16, KVARN_DTYPE_BF16");
   }
   return Status::Ok();
 }
@@ -65,9 +64,7 @@ size_t DtypeSize(kvarn_dtype_t dtype) {
 Status OpRotate(Context* ctx, int32_t head_dim, size_t n_rows, kvarn_dtype_t in_dtype,
                 const void* in, kvarn_dtype_t out_dtype, void* out) {
   KVARN_RETURN_IF_ERROR(CheckContext(ctx));
-  if (!IsHeadDim(head_dim)) {
-    return Unsupported("head_dim " + std::to_string(head_dim) + " unsupported (64..512)");
-  }
+  KVARN_RETURN_IF_ERROR(CheckHeadDim(head_dim));
   KVARN_RETURN_IF_ERROR(CheckDtype(in_dtype, "in_dtype"));
   KVARN_RETURN_IF_ERROR(CheckDtype(out_dtype, "out_dtype"));
   if (n_rows == 0) return Status::Ok();

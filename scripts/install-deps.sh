@@ -2,8 +2,9 @@
 # Installs the Debian 12 packages libkvarn's build and tests need, only those missing.
 #
 #   scripts/install-deps.sh [extra-package ...]
+#   scripts/install-deps.sh --minimal      only what the library and kvarn-selftest need
 #
-# Used by .ci/run and scripts/selftest.sh. Uses sudo only when not root. Set
+# Used by .ci/run and (--minimal) scripts/selftest.sh. Uses sudo only when not root. Set
 # KVARN_SKIP_DEPS=1 to skip it (for example on a machine that is not Debian-based).
 set -euo pipefail
 
@@ -12,11 +13,11 @@ if [[ "${KVARN_SKIP_DEPS:-0}" == "1" ]]; then
   exit 0
 fi
 
-# The build and test toolchain (keep in sync with README.md).
-packages=(
-  build-essential
-  cmake
-  ninja-build
+# The library and kvarn-selftest (preset selftest): a compiler, CMake and Ninja.
+minimal=(build-essential cmake ninja-build)
+# The whole build and test toolchain (keep in sync with docs/BUILDING.md).
+full=(
+  "${minimal[@]}"
   pkg-config
   libgtest-dev
   libgmock-dev
@@ -42,7 +43,13 @@ packages=(
 # Rust bindings (KVARN_BUILD_RUST): Debian's cargo and rustc only when no cargo is on PATH
 # already (a rustup toolchain is kept); bindgen above regenerates kvarn-sys for its check.
 if ! command -v cargo >/dev/null 2>&1; then
-  packages+=(cargo rustc)
+  full+=(cargo rustc)
+fi
+if [[ "${1:-}" == "--minimal" ]]; then
+  shift
+  packages=("${minimal[@]}")
+else
+  packages=("${full[@]}")
 fi
 packages+=("$@")
 

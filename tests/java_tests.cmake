@@ -62,5 +62,21 @@ if(TARGET kvarn_java)
     add_test(NAME example.java.decode
              COMMAND ${Java_JAVA_EXECUTABLE} -cp ${_kvarn_jar}:${_kvarn_example_jar} DecodeLoop)
     set_tests_properties(example.java.decode PROPERTIES LABELS "example;java" TIMEOUT 300)
+
+    # README.md's Java start (examples/readme, verbatim in README: docs.readme_snippets); the
+    # README keeps its short form (wildcard imports), so without -Xlint.
+    set(CMAKE_JAVA_COMPILE_FLAGS -encoding UTF-8 --release 11 -Werror)
+    add_jar(kvarn_example_readme_java
+      SOURCES ${PROJECT_SOURCE_DIR}/examples/readme/Start.java
+      INCLUDE_JARS kvarn_java
+      ENTRY_POINT Start
+      OUTPUT_NAME readme-start
+      OUTPUT_DIR ${CMAKE_CURRENT_BINARY_DIR}/java)
+    unset(CMAKE_JAVA_COMPILE_FLAGS)
+    get_target_property(_kvarn_readme_jar kvarn_example_readme_java JAR_FILE)
+    add_test(NAME example.readme.java
+             COMMAND ${Java_JAVA_EXECUTABLE} -cp ${_kvarn_jar}:${_kvarn_readme_jar} Start)
+    set_tests_properties(example.readme.java PROPERTIES
+      LABELS "example;java" TIMEOUT 300 PASS_REGULAR_EXPRESSION "x smaller")
   endif()
 endif()

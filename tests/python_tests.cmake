@@ -35,6 +35,13 @@ if(TARGET kvarn_python)
   set_tests_properties(example.python.codec PROPERTIES
     ENVIRONMENT "${_kvarn_py_env}" LABELS "example;python" TIMEOUT 120)
 
+  # README.md's Python start (examples/readme, verbatim in README: docs.readme_snippets).
+  add_test(NAME example.readme.python
+           COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/examples/readme/start.py)
+  set_tests_properties(example.readme.python PROPERTIES
+    ENVIRONMENT "${_kvarn_py_env}" LABELS "example;python" TIMEOUT 120
+    PASS_REGULAR_EXPRESSION "x smaller")
+
   # The capturable paged layer: an engine's decode loop (numpy on the CPU), self-checking; with
   # torch and a CUDA device also captured in a CUDA graph (`--device cuda`, exits 77 = skipped
   # where either is missing).
@@ -51,18 +58,6 @@ if(TARGET kvarn_python)
       SKIP_RETURN_CODE 77)
   endif()
 
-  # Packaging: `pip wheel` of the repository (scikit-build-core, no build isolation: the build
-  # backend comes from the same environment), then the wheel alone imported and self-tested.
-  execute_process(COMMAND ${Python3_EXECUTABLE} -c "import scikit_build_core, pip"
-                  RESULT_VARIABLE _kvarn_py_no_skbuild OUTPUT_QUIET ERROR_QUIET)
-  if(NOT _kvarn_py_no_skbuild)
-    add_test(NAME python.packaging.wheel
-             COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/python/check_wheel.py
-                     ${PROJECT_SOURCE_DIR} ${CMAKE_CURRENT_BINARY_DIR}/python-wheel)
-    set_tests_properties(python.packaging.wheel PROPERTIES
-      LABELS "python;packaging" TIMEOUT 900)
-  else()
-    message(STATUS "kvarn python: scikit-build-core not in ${Python3_EXECUTABLE}; "
-                   "python.packaging.wheel not registered")
-  endif()
+  # Packaging (the wheel as a user builds and installs it) is not a CTest test: it builds the
+  # library once more in pip, so .ci/run runs it once, as scripts/wheel-ci.sh.
 endif()

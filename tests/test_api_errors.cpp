@@ -354,6 +354,24 @@ TEST(ConfigErrors, RecordQueriesRejectBadConfigsAndFields) {
   EXPECT_EQ(off, 99u);
 }
 
+// Messages for a value outside a set name the whole set (96 lies between supported sizes).
+TEST(ConfigErrors, MessagesListTheAllowedValues) {
+  kvarn_config_t c;
+  size_t n = 0;
+  EXPECT_EQ(kvarn_config_from_preset("k4v2_g128", 96, &c), KVARN_ERR_UNSUPPORTED);
+  EXPECT_STREQ(kvarn_last_error(), "head_dim 96 unsupported: must be one of 64, 128, 256, 512");
+  c = MakeConfig(96, 128, 4, 2);
+  EXPECT_EQ(kvarn_record_bytes(&c, &n), KVARN_ERR_UNSUPPORTED);
+  EXPECT_STREQ(kvarn_last_error(), "head_dim 96 unsupported: must be one of 64, 128, 256, 512");
+  c = MakeConfig(128, 96, 4, 2);
+  EXPECT_EQ(kvarn_record_bytes(&c, &n), KVARN_ERR_UNSUPPORTED);
+  EXPECT_STREQ(kvarn_last_error(), "tile_tokens 96 unsupported: must be one of 64, 128");
+  c = MakeConfig(128, 128, 4, 3);
+  EXPECT_EQ(kvarn_record_bytes(&c, &n), KVARN_ERR_UNSUPPORTED);
+  EXPECT_STREQ(kvarn_last_error(),
+               "key_bits/value_bits 4/3 unsupported: each must be one of 2, 4, 8");
+}
+
 // ---- layer 1 -----------------------------------------------------------------------------------
 
 class CodecErrors : public ::testing::Test {

@@ -45,6 +45,34 @@ static void kvarn_py_raise(kvarn_status_t status) {
   Py_DECREF(message);
 }
 
+/* Adds an out-parameter to a call's result: a status call's None result becomes the value, a
+ * second value makes a list. Our own, because SWIG 4.3 changed SWIG_Python_AppendOutput (a
+ * non-void call's None stays in the list) and the module must behave the same with Debian's
+ * SWIG 4.1 and PyPI's (pyproject.toml). Steals both references; NULL when obj is NULL. */
+static PyObject* kvarn_py_append_output(PyObject* result, PyObject* obj) {
+  if (obj == NULL) { /* the conversion failed: its exception propagates */
+    Py_XDECREF(result);
+    return NULL;
+  }
+  if (result == NULL) return obj;
+  if (result == Py_None) {
+    Py_DECREF(result);
+    return obj;
+  }
+  if (!PyList_Check(result)) {
+    PyObject* list = PyList_New(1);
+    if (list == NULL) {
+      Py_DECREF(obj);
+      return result;
+    }
+    PyList_SET_ITEM(list, 0, result);
+    result = list;
+  }
+  PyList_Append(result, obj);
+  Py_DECREF(obj);
+  return result;
+}
+
 /* A memory argument: integer address, None, or a C-contiguous buffer (writable if `writable`).
  * Returns 0 and sets *ptr (and *view when a buffer was acquired), or -1 with an exception set. */
 static int kvarn_py_get_pointer(PyObject* obj, int writable, void** ptr, Py_buffer* view,
@@ -110,7 +138,7 @@ static int kvarn_py_get_pointer(PyObject* obj, int writable, void** ptr, Py_buff
 %define KVARN_OUT_HANDLE(TYPE, NAME, DESCRIPTOR)
 %typemap(in, numinputs=0) TYPE** NAME (TYPE* tmp = NULL) { $1 = &tmp; }
 %typemap(argout) TYPE** NAME {
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(tmp$argnum, DESCRIPTOR, 0));
+  $result = kvarn_py_append_output($result, SWIG_NewPointerObj(tmp$argnum, DESCRIPTOR, 0));
 }
 %enddef
 KVARN_OUT_HANDLE(kvarn_context_t, out_context, SWIGTYPE_p_kvarn_context)
@@ -119,7 +147,7 @@ KVARN_OUT_HANDLE(kvarn_attention_plan_t, out_plan, SWIGTYPE_p_kvarn_attention_pl
 
 %define KVARN_OUT_VALUE(TYPE, NAME, CONVERT)
 %typemap(in, numinputs=0) TYPE* NAME (TYPE tmp = 0) { $1 = &tmp; }
-%typemap(argout) TYPE* NAME { $result = SWIG_Python_AppendOutput($result, CONVERT(tmp$argnum)); }
+%typemap(argout) TYPE* NAME { $result = kvarn_py_append_output($result, CONVERT(tmp$argnum)); }
 %enddef
 KVARN_OUT_VALUE(kvarn_backend_t, out_backend, PyLong_FromLong)
 KVARN_OUT_VALUE(kvarn_cpu_isa_t, out_isa, PyLong_FromLong)
@@ -133,7 +161,7 @@ KVARN_OUT_VALUE(int64_t, out_committed, PyLong_FromLongLong)
 /* kvarn_memory_alloc: the address as an integer. */
 %typemap(in, numinputs=0) void** out_ptr (void* tmp = NULL) { $1 = &tmp; }
 %typemap(argout) void** out_ptr {
-  $result = SWIG_Python_AppendOutput($result, PyLong_FromVoidPtr(tmp$argnum));
+  $result = kvarn_py_append_output($result, PyLong_FromVoidPtr(tmp$argnum));
 }
 
 /* kvarn_cpu_features: a str. */
@@ -143,7 +171,7 @@ KVARN_OUT_VALUE(int64_t, out_committed, PyLong_FromLongLong)
   $2 = sizeof(tmp);
 }
 %typemap(argout) (char* buf, size_t buf_bytes) {
-  $result = SWIG_Python_AppendOutput($result, PyUnicode_FromString(tmp$argnum));
+  $result = kvarn_py_append_output($result, PyUnicode_FromString(tmp$argnum));
 }
 
 /* Structs the library fills: created here with their size field set, returned as new objects. */
@@ -155,7 +183,7 @@ KVARN_OUT_VALUE(int64_t, out_committed, PyLong_FromLongLong)
   $1 = tmp;
 }
 %typemap(argout) TYPE* NAME {
-  $result = SWIG_Python_AppendOutput($result, SWIG_NewPointerObj(tmp$argnum, DESCRIPTOR,
+  $result = kvarn_py_append_output($result, SWIG_NewPointerObj(tmp$argnum, DESCRIPTOR,
                                                                  SWIG_POINTER_OWN));
   tmp$argnum = NULL;
 }

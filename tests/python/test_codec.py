@@ -207,7 +207,7 @@ def test_records_agree_with_the_independent_golden_records(ctx, entry):
     records = ctx.quantize(t["k"], t["v"], config)
     golden = t["record"]
     assert records.shape == golden.shape
-    # Codes: packed code bytes agree almost everywhere (README: >= 99.99% of codes).
+    # Codes: packed code bytes agree almost everywhere (docs/PERFORMANCE.md: >= 99.99% of codes).
     same = total = 0
     for field in (kvarn.RecordField.K_CODES, kvarn.RecordField.V_CODES):
         off, n = config.record_field(field)

@@ -20,6 +20,13 @@ def test_selftest_passes_for_every_preset():
     assert "cpu" in text and f"{len(report.rows)} passed, 0 failed" in text
 
 
+def test_selftest_prints_its_report_unless_told_not_to(capsys):
+    report = kvarn.selftest(preset_names=["k4v2_g128"])
+    assert capsys.readouterr().out == f"{report}\n"
+    kvarn.selftest(preset_names=["k4v2_g128"], verbose=False)
+    assert capsys.readouterr().out == ""
+
+
 def test_selftest_other_head_dims_and_contexts():
     ctx = kvarn.Context("cpu", num_threads=1)
     report = kvarn.selftest(ctx, preset_names=["k4v2_g64", "k8v8_g128"], head_dims=[64, 256])

@@ -397,12 +397,12 @@ def selftest(
     head_dims: Optional[Sequence[int]] = None,
     seed: int = 0x6B7661726E2D7374,
     raise_on_failure: bool = True,
-    verbose: bool = False,
+    verbose: bool = True,
 ) -> SelftestReport:
     """Runs the checks of ``kvarn-selftest`` on a context (default: the CPU) for every preset
     at head dim 128 (``quick=False``: 64, 128, 256 and 512). Returns the
     :class:`SelftestReport`; raises :class:`SelftestError` (carrying it) when a check fails,
-    unless ``raise_on_failure=False``. ``verbose`` prints the report."""
+    unless ``raise_on_failure=False``. Prints the report first (``verbose=False``: silent)."""
     ctx = ctx if ctx is not None else default_context()
     names = list(preset_names) if preset_names is not None else presets()
     dims = list(head_dims) if head_dims is not None else ([128] if quick else [64, 128, 256, 512])
