@@ -235,6 +235,22 @@ KVARN_JAVA_OUT(void*, out_ptr, jlongArray, long, jlong, SetLongArrayRegion)
   }
 }
 
+/* kvarn_attention_plan_kernel: a String[1] (the name is a static string). */
+%typemap(jni) const char** out_name "jobjectArray"
+%typemap(jtype) const char** out_name "String[]"
+%typemap(jstype) const char** out_name "String[]"
+%typemap(javain) const char** out_name "$javainput"
+%typemap(in) const char** out_name (const char* tmp = NULL) {
+  if (!kvarn_java_out_array(jenv, $input)) return $null;
+  $1 = &tmp;
+}
+%typemap(argout) const char** out_name {
+  if (result == KVARN_OK && tmp$argnum != NULL) {
+    jstring text = (*jenv)->NewStringUTF(jenv, tmp$argnum);
+    if (text != NULL) (*jenv)->SetObjectArrayElement(jenv, $input, 0, text);
+  }
+}
+
 /* size_t and the addresses of the set_* extensions are Java long (no BigInteger). With
  * SWIGWORDSIZE64 (LP64, as the C compiler sees int64_t) int64_t is C `long`, which SWIG maps to a
  * Java int: keep it a Java long. */

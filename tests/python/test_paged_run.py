@@ -182,6 +182,8 @@ def test_decode_loop_matches_the_host_list_calls(ctx, config, rng):
     plan = decode_plan(ctx, config, eng)
     flush = kvarn.FlushPlan(ctx, config, num_kv_heads=HK, max_tiles=eng.batch)
     assert plan.is_decode and plan.rows == eng.batch
+    # The plan names its kernel (the CPU's, or a CUDA one on a GPU context).
+    assert plan.kernel == "cpu" if ctx.backend_name == "cpu" else plan.kernel.startswith("cuda-")
     assert flush.workspace_bytes > 0 and flush.workspace.nbytes >= flush.workspace_bytes
     workspace = plan.workspace
     out = np.empty((eng.batch, HQ, D), np.float32)

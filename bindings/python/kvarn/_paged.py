@@ -329,6 +329,9 @@ class AttentionPlan(_Closable):
             self._handle = capi.attention_plan_create(ctx._h(), self.config._c(), shape, params)
             ctx._dependents.add(self)
         self.workspace_bytes = int(capi.attention_plan_workspace_size(self._handle))
+        #: The kernel the plan runs: "cpu", "cuda-tensor-core-decode", "cuda-tensor-core-extend"
+        #: or "cuda-general" (kvarn_attention_plan_kernel).
+        self.kernel = str(capi.attention_plan_kernel(self._handle))
         self.workspace, self._ws_address = _workspace(ctx, self.workspace_bytes, like)
 
     @property

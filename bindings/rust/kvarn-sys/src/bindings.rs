@@ -1406,6 +1406,12 @@ extern "C" {
     ) -> kvarn_status_t;
 }
 extern "C" {
+    pub fn kvarn_attention_plan_kernel(
+        plan: *const kvarn_attention_plan_t,
+        out_name: *mut *const ::std::os::raw::c_char,
+    ) -> kvarn_status_t;
+}
+extern "C" {
     pub fn kvarn_paged_attention_run(
         context: *mut kvarn_context_t,
         plan: *const kvarn_attention_plan_t,
