@@ -5,8 +5,10 @@
 //
 //   bench_cuda_attention [--quick] [--csv FILE] [--shape BATCH CTX [NEW_TOKENS]]
 //                        [--preset P] [--head-dim D] [--heads HQ HK] [--decode-grid]
-//                        [--no-read-bw]
+//                        [--no-read-bw] [--graph]
 //
+// --graph: decode shapes run through the plan/run calls captured in a CUDA graph, one attention
+// call per replay (as an engine replays its step; sdpa_baseline.py --graph does the same).
 // --decode-grid: decode at batch 1, 8, 32 over 1k, 4k, 32k and 128k tokens (the issue's grid).
 // The defaults are the design point: k4v2_g128, D 128, 32 query and 8 KV heads.
 //
@@ -20,6 +22,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -81,11 +84,12 @@ int main(int argc, char** argv) {
   int only_batch = 0, only_ctx = 0, only_nq = 1;
   const char* preset = "k4v2_g128";
   int D = 128, Hq = 32, Hk = 8;
-  bool decode_grid = false, read_bw_wanted = true;
+  bool decode_grid = false, read_bw_wanted = true, graph = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--decode-grid")) decode_grid = true;
     if (!std::strcmp(argv[i], "--no-read-bw")) read_bw_wanted = false;
+    if (!std::strcmp(argv[i], "--graph")) graph = true;
     if (!std::strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
     if (!std::strcmp(argv[i], "--head-dim") && i + 1 < argc) D = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--heads") && i + 2 < argc) {
@@ -141,6 +145,7 @@ int main(int argc, char** argv) {
   }
   std::printf("%6s %7s %9s %10s %8s %8s %8s  %s\n", "batch", "ctx", "ms", "MB read", "TB/s", "/4.8",
               "/read", "kernel");
+  cudaStream_t call_stream = nullptr;  // --graph: the stream the replays run on
   cudaEvent_t ev0, ev1;
   CHECK_CUDA(cudaEventCreate(&ev0));
   CHECK_CUDA(cudaEventCreate(&ev1));
@@ -212,23 +217,65 @@ int main(int argc, char** argv) {
     CHECK_KV(kvarn_paged_attention_workspace_size(ctx, &cfg, &kv, &p, total_q, &ws_bytes));
     const std::string kernel = kvarn_bench::PlannedKernel(ctx, cfg, kv, p, s.nq);
     if (ws_bytes) CHECK_KV(kvarn_memory_alloc(ctx, ws_bytes, &ws));
-    auto call = [&] {
+    std::function<void()> call = [&] {
       CHECK_KV(kvarn_paged_attention(ctx, &cfg, &kv, &p, q, out, nullptr, ws, ws_bytes));
     };
+    // --graph (decode): the plan/run call captured once, each timed call one replay.
+    kvarn_attention_plan_t* plan = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    void* plan_ws = nullptr;
+    if (graph && s.nq == 1) {
+      kvarn_attention_shape_t shape;
+      kvarn_attention_shape_defaults(&shape);
+      shape.batch = s.batch;
+      shape.num_kv_heads = Hk;
+      shape.max_blocks_per_seq = tiles;
+      kvarn_attention_params_t planned = p;
+      planned.q_indptr = nullptr;
+      CHECK_KV(kvarn_attention_plan_create(ctx, &cfg, &shape, &planned, &plan));
+      size_t plan_ws_bytes = 0;
+      CHECK_KV(kvarn_attention_plan_workspace_size(plan, &plan_ws_bytes));
+      if (plan_ws_bytes) CHECK_KV(kvarn_memory_alloc(ctx, plan_ws_bytes, &plan_ws));
+      kvarn_launch_t launch;
+      kvarn_launch_defaults(&launch);
+      cudaStream_t gs;  // a stream of our own: the legacy default stream cannot be captured
+      CHECK_CUDA(cudaStreamCreateWithFlags(&gs, cudaStreamNonBlocking));
+      launch.stream = gs;
+      launch.workspace = plan_ws;
+      launch.workspace_bytes = plan_ws_bytes;
+      CHECK_KV(kvarn_paged_attention_run(ctx, plan, &kv, &launch, nullptr, q, out, nullptr));
+      CHECK_CUDA(cudaStreamSynchronize(gs));
+      cudaGraph_t g;
+      CHECK_CUDA(cudaStreamBeginCapture(gs, cudaStreamCaptureModeThreadLocal));
+      CHECK_KV(kvarn_paged_attention_run(ctx, plan, &kv, &launch, nullptr, q, out, nullptr));
+      CHECK_CUDA(cudaStreamEndCapture(gs, &g));
+      CHECK_CUDA(cudaGraphInstantiate(&exec, g, 0));
+      CHECK_CUDA(cudaGraphDestroy(g));
+      call = [&, gs] { CHECK_CUDA(cudaGraphLaunch(exec, gs)); };
+      call_stream = gs;  // the timing events go on it too
+    }
     for (int i = 0; i < 3; ++i) call();
     CHECK_KV(kvarn_context_synchronize(ctx));
+    if (call_stream) CHECK_CUDA(cudaStreamSynchronize(call_stream));
     const int iters = s.ctx * s.batch >= (1 << 20) ? 20 : 100;
     std::vector<float> ms;
     for (int rep = 0; rep < 5; ++rep) {
-      CHECK_CUDA(cudaEventRecord(ev0));
+      CHECK_CUDA(cudaEventRecord(ev0, call_stream));
       for (int i = 0; i < iters; ++i) call();
-      CHECK_CUDA(cudaEventRecord(ev1));
+      CHECK_CUDA(cudaEventRecord(ev1, call_stream));
       CHECK_CUDA(cudaEventSynchronize(ev1));
       float t;
       CHECK_CUDA(cudaEventElapsedTime(&t, ev0, ev1));
       ms.push_back(t / iters);
     }
     CHECK_KV(kvarn_context_synchronize(ctx));
+    if (exec) {
+      CHECK_CUDA(cudaGraphExecDestroy(exec));
+      CHECK_CUDA(cudaStreamDestroy(call_stream));
+      kvarn_attention_plan_destroy(plan);
+      kvarn_memory_free(ctx, plan_ws);
+      call_stream = nullptr;
+    }
     std::sort(ms.begin(), ms.end());
     const double t = ms[ms.size() / 2];
     const double bytes =

@@ -3,6 +3,7 @@
 # heads) row, bench_cuda_attention --decode-grid and sdpa_baseline.py --decode-grid with the same
 # options in the same run, joined by report.py into one table.
 #   bench/gpu/decode_grid.sh BUILD_DIR OUT_DIR ["preset D HQ HK" ...]
+# GRAPH=1: both sides replay one call per CUDA graph launch (--graph), as an engine's step does.
 set -uo pipefail
 build=$1
 out=$2
@@ -20,12 +21,14 @@ sd_csv=$out/grid_sdpa.csv
 : >"$sd_csv"
 for row in "${rows[@]}"; do
   read -r preset d hq hk <<<"$row"
-  "$build"/bench_cuda_attention --decode-grid --no-read-bw --preset "$preset" --head-dim "$d" \
+  graph=()
+  [[ ${GRAPH:-0} == 1 ]] && graph=(--graph)
+  "$build"/bench_cuda_attention --decode-grid --no-read-bw "${graph[@]}" --preset "$preset" --head-dim "$d" \
     --heads "$hq" "$hk" --csv "$out/k.csv" >"$out/grid_${preset}_d${d}.txt" 2>&1 ||
     { echo "bench $row failed"; tail -3 "$out/grid_${preset}_d${d}.txt"; continue; }
   # One fp16 baseline per (D, heads): the preset does not change it.
   if ! grep -q "^$d,$hq,$hk," "$sd_csv" 2>/dev/null; then
-    python3 bench/gpu/sdpa_baseline.py --decode-grid --head-dim "$d" --heads "$hq" "$hk" \
+    python3 bench/gpu/sdpa_baseline.py --decode-grid "${graph[@]}" --head-dim "$d" --heads "$hq" "$hk" \
       ${SDPA_ARGS:-} --csv "$out/s.csv" >"$out/grid_sdpa_d${d}.txt" 2>&1 ||
       echo "sdpa $row failed: $(tail -2 "$out/grid_sdpa_d${d}.txt")"
     if [[ -s $sd_csv ]]; then tail -n +2 "$out/s.csv" >>"$sd_csv"; else cat "$out/s.csv" >>"$sd_csv"; fi

@@ -55,6 +55,19 @@ fi
 if [[ $mode == *bench1* ]]; then
   for shape in "1 131072" "32 32768"; do build/dev/bench_cuda_attention --no-read-bw --shape $shape 2>&1 | tail -2; done
 fi
+if [[ $mode == *ncu* ]]; then
+  # What limits decode at batch 32, 32k: one launch of the family's kernel per preset under ncu.
+  for row in "k4v2_g128 128 32 8" "k4v4_g128 128 32 8" "k4v2_g128 256 16 8"; do
+    read -r preset d hq hk <<<"$row"
+    ncu --clock-control none --kernel-name regex:MmaAttention --launch-skip 3 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+      --section SchedulerStats build/dev/bench_cuda_attention --no-read-bw --preset "$preset" \
+      --head-dim "$d" --heads "$hq" "$hk" --shape 32 32768 >"$OUT/ncu_${preset}_d$d.txt" 2>&1
+    echo "== ncu $row"
+    grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Theoretical Occupancy|Block Limit Shared|Dynamic Shared" \
+      "$OUT/ncu_${preset}_d$d.txt" | tr -s ' ' | head -14
+  done
+fi
 if [[ $mode == *grid* ]]; then
   timeout ${GRID_TIMEOUT:-300} bench/gpu/decode_grid.sh build/dev "$OUT" "$@" | tee "$OUT/grid_table.md"
 fi
