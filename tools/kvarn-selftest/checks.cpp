@@ -640,6 +640,7 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
       {"extend", {tail0 + 4, 3, 1}, 0, 0.7f / std::sqrt(static_cast<float>(d))},
   };
   double worst_l2 = 0.0, worst_lse = 0.0;
+  bool kernel_noted = false;
   AttentionStats stats;
   bool ok = true;
   for (const AttentionRun& run : runs) {
@@ -682,6 +683,25 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
                          workspace.Allocate(target.context, workspace_bytes, &error),
                      error)) {
       return;
+    }
+    if (params.q_indptr == nullptr && !kernel_noted) {
+      // The kernel a plan of this decode shape runs (kvarn_attention_plan_kernel).
+      kvarn_attention_shape_t shape;
+      kvarn_attention_shape_defaults(&shape);
+      shape.batch = mem.kv.batch;
+      shape.num_kv_heads = mem.kv.num_kv_heads;
+      shape.max_blocks_per_seq = mem.kv.max_blocks_per_seq;
+      kvarn_attention_plan_t* plan = nullptr;
+      const char* kernel = nullptr;
+      if (!rec->Ok(kvarn_attention_plan_create(target.context, &config, &shape, &params, &plan),
+                   "kvarn_attention_plan_create") ||
+          !rec->Ok(kvarn_attention_plan_kernel(plan, &kernel), "kvarn_attention_plan_kernel")) {
+        kvarn_attention_plan_destroy(plan);
+        return;
+      }
+      row->notes.push_back(Format("attention kernel (decode plan): %s", kernel));
+      kvarn_attention_plan_destroy(plan);
+      kernel_noted = true;
     }
     if (!rec->Ok(
             kvarn_paged_attention(target.context, &config, &mem.kv, &params, q_in.data(),
