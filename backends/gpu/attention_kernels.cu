@@ -570,6 +570,13 @@ bool EnvEquals(const char* name, const char* value) {
   return e != nullptr && std::string(e) == value;
 }
 
+// KVARN_CUDA_SLICE=64: the decode family's narrow variant for D 128 and 256 (64 channels per
+// warp, twice the warps per record; tests and benchmarks compare the two).
+bool NarrowSlices() {
+  static const bool narrow = EnvEquals("KVARN_CUDA_SLICE", "64");
+  return narrow;
+}
+
 // KVARN_CUDA_ATTENTION=generic: the general kernel for every shape.
 bool ForcedGeneric() {
   static const bool forced = EnvEquals("KVARN_CUDA_ATTENTION", "generic");
@@ -720,7 +727,7 @@ namespace {
 bool MmaShape(const CudaState* st, const Config& cfg) {
   if (st->cc_major < 8 || cfg.record_bytes() == 0) return false;
   size_t record_bytes = 0;
-  const bool has = mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits,
+  const bool has = mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits, NarrowSlices(),
                                   [&](auto s) { record_bytes = decltype(s)::kRecordBytes; });
   return has && record_bytes == cfg.record_bytes();
 }
@@ -777,14 +784,14 @@ int PrepareExtend(int device) {
 int MmaCtasPerSm(CudaState* st, const Config& cfg) {
   DeviceGuard guard(st->device);
   int n = 0;
-  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits,
+  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits, NarrowSlices(),
                  [&](auto s) { n = PrepareMma<decltype(s)>(st->device); });
   return std::max(n, 1);
 }
 
 int MmaRecordsPerIteration(const Config& cfg) {
   int groups = 1;
-  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits,
+  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits, NarrowSlices(),
                  [&](auto s) { groups = decltype(s)::kGroups; });
   return groups;
 }
@@ -822,7 +829,7 @@ Status LaunchMmaShape(CudaState* st, const AttnParams& P, dim3 grid) {
 Status LaunchMma(CudaState* st, const Config& cfg, AttnParams& P, dim3 grid) {
   P.bulk_ring = UseBulkRing(st);
   Status status = {KVARN_ERR_INTERNAL, "no tensor-core attention kernel for this shape"};
-  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits,
+  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits, NarrowSlices(),
                  [&](auto s) { status = LaunchMmaShape<decltype(s)>(st, P, grid); });
   return status;
 }

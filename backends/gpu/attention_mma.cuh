@@ -74,12 +74,15 @@ constexpr int CtaSmemBudget(int ctas) {
 }
 
 // One instantiation of the kernel family.
-template <int D_, int G_, int KB_, int VB_>
+// kSlice_: channels per warp (128, or 64 for D 64); the narrow variant, 64 for D 128 and 256,
+// spreads a record over twice the warps with half the registers each (KVARN_CUDA_SLICE=64).
+template <int D_, int G_, int KB_, int VB_, int kSlice_ = (D_ >= 128 ? 128 : 64)>
 struct Shape {
   static constexpr int D = D_, G = G_, KB = KB_, VB = VB_;
-  static constexpr int TM = G / 16;                          // m-tiles of 16 tokens
-  static constexpr int kChanWarps = D >= 256 ? D / 128 : 1;  // warps sharing one record
-  static constexpr int kDw = D / kChanWarps;                 // channels of one warp's slice
+  static constexpr int TM = G / 16;           // m-tiles of 16 tokens
+  static constexpr int kDw = kSlice_;         // channels of one warp's slice
+  static constexpr int kChanWarps = D / kDw;  // warps sharing one record
+  static constexpr bool kNarrow = kDw < 128 && D >= 128;
   static constexpr int kKChunks = kDw / 16;  // a warp's k-chunks of the scores, m-tiles of values
   static constexpr int kRecordBytes = D * G * (KB + VB) / 8 + 6 * D + 6 * G;
   static constexpr int kStageBytes = (kRecordBytes + 127) / 128 * 128;
@@ -121,7 +124,9 @@ struct Shape {
         const int warps_sm = ctas * groups * kChanWarps;
         if (warps_sm > 16 || groups * kChanWarps * 32 > 512) continue;
         const long inflight = static_cast<long>(ctas) * (stages - groups) * kRecordBytes;
-        const long covered = inflight < 40 * 1024 ? inflight : 40 * 1024;
+        // The narrow variant is for occupancy: the most warps with 24 KB in flight.
+        const long enough = kNarrow ? 24 * 1024 : 40 * 1024;
+        const long covered = inflight < enough ? inflight : enough;
         const long key = (covered << 32) | (static_cast<long>(warps_sm) << 24) | (inflight >> 8);
         if (key > best_key) {
           best_key = key;
@@ -980,7 +985,19 @@ bool CallIfFits(F& f) {
   }
 }
 template <int D, int G, int KB, class F>
-bool WithValueBits(int vb, F& f) {
+bool WithValueBits(int vb, bool narrow, F& f) {
+  if (narrow && (D == 128 || D == 256)) {
+    switch (vb) {
+      case 2:
+        return CallIfFits<Shape<D, G, KB, 2, 64>>(f);
+      case 4:
+        return CallIfFits<Shape<D, G, KB, 4, 64>>(f);
+      case 8:
+        return CallIfFits<Shape<D, G, KB, 8, 64>>(f);
+      default:
+        return false;
+    }
+  }
   switch (vb) {
     case 2:
       return CallIfFits<Shape<D, G, KB, 2>>(f);
@@ -993,40 +1010,41 @@ bool WithValueBits(int vb, F& f) {
   }
 }
 template <int D, int G, class F>
-bool WithKeyBits(int kb, int vb, F& f) {
+bool WithKeyBits(int kb, int vb, bool narrow, F& f) {
   switch (kb) {
     case 2:
-      return WithValueBits<D, G, 2>(vb, f);
+      return WithValueBits<D, G, 2>(vb, narrow, f);
     case 4:
-      return WithValueBits<D, G, 4>(vb, f);
+      return WithValueBits<D, G, 4>(vb, narrow, f);
     case 8:
-      return WithValueBits<D, G, 8>(vb, f);
+      return WithValueBits<D, G, 8>(vb, narrow, f);
     default:
       return false;
   }
 }
 template <int D, class F>
-bool WithTileTokens(int G, int kb, int vb, F& f) {
+bool WithTileTokens(int G, int kb, int vb, bool narrow, F& f) {
   switch (G) {
     case 64:
-      return WithKeyBits<D, 64>(kb, vb, f);
+      return WithKeyBits<D, 64>(kb, vb, narrow, f);
     case 128:
-      return WithKeyBits<D, 128>(kb, vb, f);
+      return WithKeyBits<D, 128>(kb, vb, narrow, f);
     default:
       return false;
   }
 }
+// narrow: the 64-channel slices for D 128 and 256 (Shape's kSlice_).
 template <class F>
-bool WithShape(int D, int G, int kb, int vb, F&& f) {
+bool WithShape(int D, int G, int kb, int vb, bool narrow, F&& f) {
   switch (D) {
     case 64:
-      return WithTileTokens<64>(G, kb, vb, f);
+      return WithTileTokens<64>(G, kb, vb, narrow, f);
     case 128:
-      return WithTileTokens<128>(G, kb, vb, f);
+      return WithTileTokens<128>(G, kb, vb, narrow, f);
     case 256:
-      return WithTileTokens<256>(G, kb, vb, f);
+      return WithTileTokens<256>(G, kb, vb, narrow, f);
     case 512:
-      return WithTileTokens<512>(G, kb, vb, f);
+      return WithTileTokens<512>(G, kb, vb, narrow, f);
     default:
       return false;
   }
