@@ -728,10 +728,17 @@ inline Step Alone(const Scenario& sc, int b, bool flush) {
   return a;
 }
 
+// a[ai, ai + n) == b[bi, bi + n), bit for bit (false when either is shorter).
+template <typename T>
+bool SameSpan(const std::vector<T>& a, size_t ai, const std::vector<T>& b, size_t bi, size_t n) {
+  if (n == 0) return true;
+  return a.size() >= ai + n && b.size() >= bi + n &&
+         std::memcmp(a.data() + ai, b.data() + bi, n * sizeof(T)) == 0;
+}
+
 template <typename T>
 bool SameRange(const std::vector<T>& a, const std::vector<T>& b, size_t begin, size_t count) {
-  return a.size() >= begin + count && b.size() >= begin + count &&
-         std::memcmp(a.data() + begin, b.data() + begin, count * sizeof(T)) == 0;
+  return SameSpan(a, begin, b, begin, count);
 }
 
 // Runs the scenario with and without a status array and checks every oracle. "" or what failed.
@@ -834,8 +841,8 @@ inline std::string Check(kvarn_context_t* ctx, Choices* ch, const Scenario& sc) 
         return who(b, kAttention) + "OK in the batch, faults alone";
       size_t q0, nq;
       rows_of(b, &q0, &nq);
-      if (std::memcmp(with.out.data() + q0 * qrow, a->out.data(), nq * qrow * 4) != 0 ||
-          std::memcmp(with.lse.data() + q0 * s.Hq, a->lse.data(), nq * s.Hq * 4) != 0) {
+      if (!SameSpan(with.out, q0 * qrow, a->out, 0, nq * qrow) ||
+          !SameSpan(with.lse, q0 * s.Hq, a->lse, 0, nq * s.Hq)) {
         return who(b, kAttention) + "reported OK, its output rows differ from the run alone";
       }
     }
@@ -881,7 +888,7 @@ inline std::string Check(kvarn_context_t* ctx, Choices* ch, const Scenario& sc) 
       rows_of(b, &q0, &nq);
       if (!SameRange(without.k_pages[kAttention], a->k_pages[kAttention], p0, seq_pages) ||
           !SameRange(without.records[kAttention], a->records[kAttention], r0, seq_records) ||
-          std::memcmp(without.out.data() + q0 * qrow, a->out.data(), nq * qrow * 4) != 0) {
+          !SameSpan(without.out, q0 * qrow, a->out, 0, nq * qrow)) {
         return "sequence " + std::to_string(b) + ": without a status array, differs from alone";
       }
     }
