@@ -579,9 +579,9 @@ KVARN_API kvarn_status_t kvarn_attention_plan_workspace_size(const kvarn_attenti
  * lengths after this step's append), record_tiles and block_table in context memory.
  * q_indptr: decode plans NULL; extend plans [batch+1] int32 in context memory (sequence b has
  * q_indptr[b+1] - q_indptr[b] <= max_q_per_seq query tokens; a bad range, see "Row ranges"
- * with limit max_total_q, or more tokens is a data error). q, out: [rows][Hq][D], lse: [rows][Hq] float or NULL, rows = batch
- * (decode) or max_total_q (extend; rows past q_indptr[batch] are not written).
- * launch->workspace: kvarn_attention_plan_workspace_size bytes. */
+ * with limit max_total_q, or more tokens is a data error). q, out: [rows][Hq][D], lse: [rows][Hq]
+ * float or NULL, rows = batch (decode) or max_total_q (extend; rows past q_indptr[batch] are not
+ * written). launch->workspace: kvarn_attention_plan_workspace_size bytes. */
 KVARN_API kvarn_status_t kvarn_paged_attention_run(
     kvarn_context_t* context, const kvarn_attention_plan_t* plan, const kvarn_paged_kv_t* kv,
     const kvarn_launch_t* launch, const int32_t* q_indptr, const void* q, void* out, float* lse);
