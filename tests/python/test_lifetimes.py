@@ -1,7 +1,7 @@
 """Binding lifetimes as a tested contract (issue 28): each scenario of lifetime_script.py runs in
 a child interpreter under `-X dev` and must exit 0 (a crash or a double free at a collection or
-at interpreter exit shows up as its exit status). KVARN_TEST_PRELOAD (e.g. the path of
-libasan.so, for a library built with ASan) is preloaded into the child."""
+at interpreter exit shows up as its exit status). The child inherits the environment: in the
+ASan build (tests/python_tests.cmake) it runs with the ASan runtime preloaded."""
 
 from __future__ import annotations
 
@@ -18,14 +18,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
     "scenario", ["cycles", "exit_cycles", "context_first", "dependents_first", "threads"]
 )
 def test_lifetime_scenario_exits_cleanly(scenario):
-    env = dict(os.environ)
-    preload = os.environ.get("KVARN_TEST_PRELOAD")
-    if preload:
-        env["LD_PRELOAD"] = preload
-        env.setdefault("ASAN_OPTIONS", "detect_leaks=0")  # the interpreter's own allocations
     proc = subprocess.run(
         [sys.executable, "-X", "dev", os.path.join(HERE, "lifetime_script.py"), scenario],
-        env=env,
         capture_output=True,
         text=True,
         timeout=240,
