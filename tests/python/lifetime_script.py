@@ -90,6 +90,14 @@ def dependents_first():
     cache.close()
     cache.close()
     plan.close()
+    array.free()
+    array.free()
+    try:
+        array.numpy()
+    except kvarn.Error:
+        pass
+    else:
+        raise AssertionError("a freed DeviceArray was read")
     del array
     gc.collect()
     ctx.close()
