@@ -344,6 +344,41 @@ class Runner {
     ap.num_q_heads = s.Hq;
     ap.num_splits = 1;  // the same split count for the batch and each sequence alone
     kvarn_attention_plan_t* plan = nullptr;
+    if (probes && ch_->OneIn(3)) {  // a malformed shape or parameters: refused, no plan
+      kvarn_attention_shape_t bs = shape;
+      kvarn_attention_params_t bp = ap;
+      const int32_t host_indptr[2] = {0, 0};
+      switch (ch_->Below(7)) {
+        case 0:
+          bs.batch = -1;
+          break;
+        case 1:
+          bs.num_kv_heads = 0;
+          break;
+        case 2:
+          bs.max_q_per_seq = -1;
+          break;
+        case 3:
+          bs.max_q_per_seq = 1;
+          bs.max_total_q = ch_->Below(2) ? -1 : int64_t{1} << 31;
+          break;
+        case 4:  // num_q_heads not a multiple of num_kv_heads
+          bp.num_q_heads = 3;
+          bs.num_kv_heads = 2;
+          break;
+        case 5:  // queries come at run time
+          bp.q_indptr = host_indptr;
+          break;
+        default:
+          bs.size = ch_->Below(2) ? 0 : 4097;
+          break;
+      }
+      kvarn_attention_plan_t* bad = nullptr;
+      refused(kvarn_attention_plan_create(ctx_, &s.cfg, &bs, &bp, &bad), "plan");
+      if (err.empty() && bad != nullptr) err = "a refused plan_create returned a plan";
+      kvarn_attention_plan_destroy(bad);
+      if (!err.empty()) return err;
+    }
     const kvarn_status_t pst = kvarn_attention_plan_create(ctx_, &s.cfg, &shape, &ap, &plan);
     if (pst != KVARN_OK) return "plan_create: " + std::string(kvarn_last_error());
     size_t aws_bytes = 0;
