@@ -12,7 +12,11 @@ namespace {
 constexpr size_t kMaxLaunchItems = 0x7fffffff;
 
 Status CheckWorkspace(const LaunchArgs& launch, size_t need, const char* how) {
-  if (launch.workspace_bytes < need || (need > 0 && launch.workspace == nullptr)) {
+  if (need > 0 && launch.workspace == nullptr) {
+    return {KVARN_ERR_BUFFER_TOO_SMALL, "launch->workspace is NULL; this call needs " +
+                                            std::to_string(need) + " bytes (" + how + ")"};
+  }
+  if (launch.workspace_bytes < need) {
     return {KVARN_ERR_BUFFER_TOO_SMALL,
             "launch->workspace holds " + std::to_string(launch.workspace_bytes) +
                 " bytes; this call needs " + std::to_string(need) + " (" + how + ")"};
@@ -106,8 +110,7 @@ Status OpPagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                         const LaunchArgs& launch, const int32_t* token_indptr,
                         const int32_t* slot_mapping, size_t max_tokens, kvarn_dtype_t dtype,
                         const void* k, const void* v) {
-  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
-  KVARN_RETURN_IF_ERROR(CheckDtypeArg(dtype, "dtype"));
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));  // dtype: checked by the C entry point
   if (kv.batch == 0 || max_tokens == 0) return Status::Ok();
   if (token_indptr == nullptr || slot_mapping == nullptr) {
     return InvalidArgument("token_indptr or slot_mapping is NULL");

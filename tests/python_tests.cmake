@@ -9,6 +9,15 @@ if(TARGET kvarn_python)
     "PYTHONPATH=${_kvarn_py_path}"
     "KVARN_SOURCE_DIR=${PROJECT_SOURCE_DIR}"
     "PYTHONDONTWRITEBYTECODE=1")
+  # An ASan build (the cpu-asan job of tests/reliability_ci.sh): the interpreter is not
+  # instrumented, so the runtime is preloaded; the interpreter's own allocations are not leaks
+  # of ours, and the out-of-memory tests ask for sizes ASan would otherwise abort on.
+  if(CMAKE_CXX_FLAGS MATCHES "-fsanitize=[^ ]*address")
+    execute_process(COMMAND ${CMAKE_CXX_COMPILER} -print-file-name=libasan.so
+                    OUTPUT_VARIABLE _kvarn_asan_runtime OUTPUT_STRIP_TRAILING_WHITESPACE)
+    list(APPEND _kvarn_py_env "LD_PRELOAD=${_kvarn_asan_runtime}"
+         "ASAN_OPTIONS=detect_leaks=0:allocator_may_return_null=1")
+  endif()
 
   execute_process(COMMAND ${Python3_EXECUTABLE} -c "import numpy, pytest"
                   RESULT_VARIABLE _kvarn_py_missing OUTPUT_QUIET ERROR_QUIET)

@@ -2,13 +2,17 @@
 # The reliability jobs of .ci/run (issue 15). What they cover, what they cost and what they
 # found: docs/RELIABILITY.md.
 #   1. ASan + UBSan (preset cpu-asan, GCC): the whole CPU suite except the labels slow (128k
-#      contexts), style, neon (the qemu cross build), abi (install and header checks) and simd
-#      (SIMD-vs-scalar parity), which the main job runs.
+#      contexts), style, neon (the qemu cross build), abi (install and header checks), simd
+#      (SIMD-vs-scalar parity) and packaging (a wheel build), which the main job runs; with the
+#      Python binding (the ASan runtime preloaded into the interpreter: the binding-lifetime
+#      scenarios of issue 28 among its tests) when .ci/run's virtual environment exists.
 #   2. TSan (preset cpu-tsan, GCC): the labels cache and reliability (the fault-injection test
 #      with 2 threads only: the 1-thread variant takes 2.5 min under TSan and has no second
-#      thread) and the attention tests that vary thread count and splits.
-#   3. libFuzzer (preset fuzz, clang): each target for KVARN_FUZZ_SECONDS (environment, default
-#      60) from its seed corpus; skipped with a message when clang++ is missing.
+#      thread; the plan/run isolation suite of issue 28 on a 2-thread context) and the attention
+#      tests that vary thread count and splits.
+#   3. libFuzzer (preset fuzz, clang): each target (import, codec, cache_ops, paged_run) for
+#      KVARN_FUZZ_SECONDS (environment, default 60) from its seed corpus; skipped with a message
+#      when clang++ is missing.
 # KVARN_CI_RELIABILITY=0 skips them all (a quick local run of .ci/run).
 set -euo pipefail
 
@@ -23,16 +27,21 @@ step() { echo "== reliability: $* ($(date -u +%H:%M:%S))"; }
 no_extras=(-DKVARN_BUILD_BENCH=OFF -DKVARN_BUILD_EXAMPLES=OFF)
 
 step "ASan + UBSan, CPU suite"
-cmake --preset cpu-asan "${no_extras[@]}"
+python_args=()
+if [[ -x build/ci-venv/bin/python ]]; then
+  python_args=(-DKVARN_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PWD/build/ci-venv/bin/python")
+fi
+cmake --preset cpu-asan "${no_extras[@]}" "${python_args[@]}"
 cmake --build --preset cpu-asan
 # The SIMD-vs-scalar parity suite (label simd) runs in the main job; under ASan it would be
 # ~350 of ~620 s of test time for code the other CPU suites also reach.
-ctest --preset cpu-asan -LE '^(slow|style|neon|abi|simd)$'
+ctest --preset cpu-asan -LE '^(slow|style|neon|abi|simd|packaging)$'
 
 step "TSan, threaded suites"
 cmake --preset cpu-tsan "${no_extras[@]}" -DKVARN_BUILD_TOOLS=OFF
 cmake --build --preset cpu-tsan --target test_managed_cache test_concurrency test_reliability \
-  test_fault_injection test_enum_ranges kvarn_test_paged_attention kvarn_test_paged_cache
+  test_fault_injection test_enum_ranges test_run_isolation kvarn_test_paged_attention \
+  kvarn_test_paged_cache
 ctest --preset cpu-tsan -L '^(cache|reliability)$' -E 'FaultInjection.*/1_threads'
 ctest --preset cpu-tsan -R '^(AttentionDeterminism|AttentionSplits)\.'
 

@@ -109,6 +109,10 @@ int main(void) {
     kv.record_tiles = &zero;
     EXPECT_STATUS(kvarn_paged_append(ctx, &cfg, &kv, indptr, (kvarn_dtype_t)b, k, v),
                   KVARN_ERR_INVALID_ARGUMENT);
+    /* Issue 28, defect 3: the slot-mapped append copied its dtype before checking it. */
+    EXPECT_STATUS(
+        kvarn_paged_append_run(ctx, &cfg, &kv, NULL, indptr, &zero, 1, (kvarn_dtype_t)b, k, v),
+        KVARN_ERR_INVALID_ARGUMENT);
 
     kvarn_attention_params_defaults(&ap);
     ap.num_q_heads = 2;
@@ -117,6 +121,16 @@ int main(void) {
                   KVARN_ERR_INVALID_ARGUMENT);
     EXPECT_STATUS(kvarn_cache_attention(cache, 0, 1, &id, &ap, k, out, NULL),
                   KVARN_ERR_INVALID_ARGUMENT);
+    {
+      kvarn_attention_shape_t shape;
+      kvarn_attention_plan_t* plan = NULL;
+      kvarn_attention_shape_defaults(&shape);
+      shape.batch = 1;
+      shape.max_blocks_per_seq = 1;
+      EXPECT_STATUS(kvarn_attention_plan_create(ctx, &cfg, &shape, &ap, &plan),
+                    KVARN_ERR_INVALID_ARGUMENT);
+      EXPECT_TRUE(plan == NULL);
+    }
     ap.q_dtype = KVARN_DTYPE_F32;
     ap.out_dtype = (kvarn_dtype_t)b;
     EXPECT_STATUS(kvarn_paged_attention(ctx, &cfg, &kv, &ap, k, out, NULL, NULL, 0),

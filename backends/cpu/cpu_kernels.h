@@ -2,6 +2,9 @@
 // backend table in cpu_backend.cpp.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "core/backend.h"
 
 namespace kvarn {
@@ -39,6 +42,14 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
                    void* out, float* lse);
 
 // Capturable layer 2 (paged_run.cpp).
+// Sequence b of a batch owns rows [indptr[b], indptr[b+1]) of the call's inputs. A boundary
+// indptr[j] is bad when indptr[0] != 0, when it lies outside [0, limit], or when it is below an
+// earlier boundary or above a later one; a sequence faults when one of its two boundaries is bad.
+// The sequences left own disjoint rows whatever the others' boundaries hold, so their results
+// cannot mix (kvarn.h "plan / run"; the GPU backends apply the same rule, gpu/indptr_check.cu).
+// Returns the message of sequence b's fault, or "" when its range is good; `name` names the array.
+std::vector<std::string> IndptrFaults(const int32_t* indptr, int batch, int64_t limit,
+                                      const char* name);
 Status AttentionPlanFor(Context* ctx, const Config& cfg, const AttentionShape& shape,
                         const AttentionArgs& args, AttentionPlan* plan);
 Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,

@@ -5,6 +5,7 @@
 // count depends only on the shape, so results are independent of the thread count.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -142,7 +143,13 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
   // Query token ranges per sequence.
   std::vector<int64_t> q_begin(kv.batch + 1);
   for (int b = 0; b <= kv.batch; ++b) q_begin[b] = args.q_indptr ? args.q_indptr[b] : b;
-  if (seq_status == nullptr && q_begin[0] != 0) return InvalidArgument("q_indptr[0] must be 0");
+  // Extend: a sequence whose query range is not its own faults (the same with or without a
+  // status array); decode ranges are b..b+1.
+  std::vector<std::string> ranges(kv.batch);
+  if (args.q_indptr) {
+    ranges = IndptrFaults(args.q_indptr, kv.batch, max_total_q >= 0 ? max_total_q : INT32_MAX,
+                          "q_indptr");
+  }
   // Which sequences take part: a bad one fails the call (no status array) or only itself.
   std::vector<char> skip(kv.batch, 0);
   int max_tiles = 0;
@@ -152,15 +159,7 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
       continue;
     }
     const int64_t nq = q_begin[b + 1] - q_begin[b];
-    Status st = CheckSequenceTables(cfg, kv, b);
-    if (st.ok() && (nq < 0 || q_begin[b] < 0)) {
-      st = InvalidArgument("q_indptr must not decrease");
-    }
-    if (st.ok() && max_total_q >= 0 && q_begin[b + 1] > max_total_q) {
-      st = InvalidArgument("sequence " + std::to_string(b) + ": q_indptr " +
-                           std::to_string(q_begin[b + 1]) + " exceeds the plan's max_total_q " +
-                           std::to_string(max_total_q));
-    }
+    Status st = ranges[b].empty() ? CheckSequenceTables(cfg, kv, b) : InvalidArgument(ranges[b]);
     if (st.ok() && max_q_per_seq > 0 && nq > max_q_per_seq) {
       st = InvalidArgument("sequence " + std::to_string(b) + " has " + std::to_string(nq) +
                            " query tokens, more than the plan's max_q_per_seq " +

@@ -3,6 +3,7 @@
 // writes only what belongs to sequences without a fault, so a faulty sequence stays as it was.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -48,6 +49,32 @@ struct Faults {
 
 }  // namespace
 
+std::vector<std::string> IndptrFaults(const int32_t* indptr, int batch, int64_t limit,
+                                      const char* name) {
+  const int n = batch + 1;
+  std::vector<char> bad(n, 0);
+  int64_t before = INT64_MIN;  // the largest boundary left of j
+  for (int j = 0; j < n; ++j) {
+    const int64_t x = indptr[j];
+    bad[j] = x < 0 || x > limit || (j == 0 && x != 0) || x < before;
+    before = std::max(before, x);
+  }
+  int64_t after = INT64_MAX;  // the smallest boundary right of j
+  for (int j = n - 1; j >= 0; --j) {
+    const int64_t x = indptr[j];
+    bad[j] = bad[j] || x > after;
+    after = std::min(after, x);
+  }
+  std::vector<std::string> why(batch);
+  for (int b = 0; b < batch; ++b) {
+    if (!bad[b] && !bad[b + 1]) continue;
+    why[b] = "sequence " + std::to_string(b) + ": " + name + " [" + std::to_string(indptr[b]) +
+             ", " + std::to_string(indptr[b + 1]) + ") is not a range of its own in [0, " +
+             std::to_string(limit) + "] (" + name + " must start at 0 and not decrease)";
+  }
+  return why;
+}
+
 Status AttentionPlanFor(Context*, const Config&, const AttentionShape& shape,
                         const AttentionArgs& args, AttentionPlan* plan) {
   *plan = AttentionPlan{};  // splits follow the lengths of each call; no workspace
@@ -65,16 +92,15 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   // Convert every token of the sequences that take part (rows staged: nothing is written yet).
   std::vector<uint16_t> kh(max_tokens * Hk * D), vh(max_tokens * Hk * D);
   std::vector<char> take(kv.batch, 0);
+  const std::vector<std::string> ranges =
+      IndptrFaults(indptr, kv.batch, static_cast<int64_t>(max_tokens), "token_indptr");
   for (int b = 0; b < kv.batch; ++b) {
     if (faults.Skipped(b)) continue;
-    const int64_t begin = indptr[b], end = indptr[b + 1];
-    if (begin < 0 || end < begin || end > static_cast<int64_t>(max_tokens)) {
-      faults.Set(
-          b, InvalidArgument("sequence " + std::to_string(b) + ": token_indptr [" +
-                             std::to_string(begin) + ", " + std::to_string(end) +
-                             ") is not a range inside max_tokens " + std::to_string(max_tokens)));
+    if (!ranges[b].empty()) {
+      faults.Set(b, InvalidArgument(ranges[b]));
       continue;
     }
+    const int64_t begin = indptr[b], end = indptr[b + 1];
     for (int64_t t = begin; t < end; ++t) {
       if (slots[t] < -1 || slots[t] >= num_slots) {
         faults.Set(

@@ -1005,6 +1005,10 @@ Status PagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
     P.q_indptr = q_indptr;
     P.max_q_per_seq = shape.max_q_per_seq;
     P.max_total_q = static_cast<int32_t>(shape.max_total_q);
+    // Sequences whose query rows are not their own fault before any kernel writes a row (the
+    // kernels' own range check of ReadWorkItem sees one sequence at a time).
+    KVARN_RETURN_IF_ERROR(CheckIndptr(st, q_indptr, kv.batch, shape.max_total_q, launch.seq_status,
+                                      IndptrKind::kQuery));
   }
   return LaunchAttention(st, cfg, kv, plan, P);
 }

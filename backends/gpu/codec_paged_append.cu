@@ -232,15 +232,10 @@ __device__ __forceinline__ bool SequenceSkipped(const SlotAppendArgs& a, int b) 
 template <int D>
 __global__ void __launch_bounds__(256) SlotAppendValidateKernel(const SlotAppendArgs a) {
   using L = RowLayout<D>;
+  // The ranges were checked before (CheckIndptr): a sequence with a bad one is skipped (or,
+  // without a status array, the write kernel writes nothing).
   const size_t gtid = static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const size_t n_threads = static_cast<size_t>(gridDim.x) * blockDim.x;
-  for (size_t b = gtid; b < static_cast<size_t>(a.batch); b += n_threads) {
-    const int32_t begin = a.indptr[b], end = a.indptr[b + 1];
-    if (begin < 0 || end < begin || end > a.max_tokens) {
-      ReportSequenceError(a.seq_status, a.errors, static_cast<int32_t>(b),
-                          KVARN_ERR_INVALID_ARGUMENT, kErrTokenRange, static_cast<int32_t>(b), end);
-    }
-  }
   const int lane = threadIdx.x % kWarpSize;
   const int ld = lane % L::kLanes, lt = lane / L::kLanes;
   const size_t warp = gtid / kWarpSize, n_warps = n_threads / kWarpSize;
@@ -332,12 +327,14 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   a.seq_status = launch.seq_status;
   a.errors = s->errors;
   if (launch.seq_status == nullptr) KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
+  KVARN_RETURN_IF_ERROR(CheckIndptr(s, token_indptr, kv.batch, static_cast<int64_t>(max_tokens),
+                                    launch.seq_status, IndptrKind::kToken));
   return DispatchHeadDim(cfg.D, [&](auto d) -> Status {
     constexpr int kD = decltype(d)::value;
     const size_t rows = max_tokens * static_cast<size_t>(kv.num_kv_heads) * 2;
     const size_t rows_per_warp = LaunchRowsPerWarp<kD>(s);
     size_t blocks = ((rows + rows_per_warp - 1) / rows_per_warp + 7) / 8;
-    blocks = std::max<size_t>({blocks, (static_cast<size_t>(kv.batch) + 255) / 256, 1});
+    blocks = std::max<size_t>(blocks, 1);
     blocks = std::min<size_t>(blocks, static_cast<size_t>(std::max(s->sm_count, 1)) * 8);
     const unsigned grid = static_cast<unsigned>(blocks);
     SlotAppendValidateKernel<kD><<<grid, 256, 0, s->stream>>>(a);

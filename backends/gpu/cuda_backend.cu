@@ -97,9 +97,11 @@ Status TakeDeviceError(CudaState* s) {
       m += "token " + std::to_string(w.a) + ": slot " + std::to_string(w.b) +
            " is outside the page pool; nothing was written";
       break;
-    case kErrTokenRange:
-      m += "sequence " + std::to_string(w.a) + ": token_indptr ends at " + std::to_string(w.b) +
-           ", not a range inside max_tokens; nothing was written";
+    case kErrIndptr:
+      m += "sequence " + std::to_string(w.a) + ": its " +
+           (w.b == static_cast<int32_t>(IndptrKind::kQuery) ? "q_indptr" : "token_indptr") +
+           " range is not its own (the array must start at 0, not decrease and stay inside the "
+           "launch's rows); nothing was written";
       break;
     case kErrFlushCount:
       m += "*n_tiles is " + std::to_string(w.a) +

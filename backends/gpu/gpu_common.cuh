@@ -33,7 +33,7 @@ enum DeviceErrorKind : int32_t {
   kErrOverflow = 4,    // a = token or tile, b = head
   kErrQueryLen = 5,    // a = sequence, b = query tokens
   kErrSlot = 6,        // a = token, b = slot
-  kErrTokenRange = 7,  // a = sequence, b = token_indptr[b + 1]
+  kErrIndptr = 7,      // a = sequence, b = IndptrKind (the range of a is not its own)
   kErrFlushCount = 8,  // a = *n_tiles, b = max_tiles
   kErrFlushEntry = 9,  // a = entry, b = 0: page or block out of its pool, 1: tile_seqs out of range
 };
@@ -143,6 +143,15 @@ Status ResetLaunchFlag(Context* ctx);
 // launch flag is set (this launch found bad data), copies the error words to *words, clears
 // them and sets *failed; otherwise leaves them (a pending asynchronous error stays sticky).
 Status SyncAndTakeLaunchError(Context* ctx, bool* failed, DeviceErrorWords* words);
+
+// Which array CheckIndptr checks (DeviceErrorWords::b of kErrIndptr).
+enum class IndptrKind : int32_t { kToken = 0, kQuery = 1 };
+
+// Enqueues the indptr rule of the run calls (indptr_check.cu) on the context's stream: every
+// sequence with a bad boundary of indptr[0..batch] (device memory) faults, in seq_status when
+// given, else in the context's sticky words (and the launch flag).
+Status CheckIndptr(CudaState* s, const int32_t* indptr, int batch, int64_t limit,
+                   int32_t* seq_status, IndptrKind which);
 
 inline unsigned CeilDivU(size_t a, size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 

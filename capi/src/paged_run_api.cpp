@@ -67,6 +67,8 @@ kvarn_status_t kvarn_paged_append_run(kvarn_context_t* context, const kvarn_conf
     PagedKV p;
     LaunchArgs l;
     KVARN_RETURN_IF_ERROR(ParseRunCommon(context, config, kv, launch, &c, &p, &l));
+    // Read as an integer before any copy: an out-of-range value in the enum is UB (kvarn.h).
+    KVARN_RETURN_IF_ERROR(kvarn::CheckDtypeArg(dtype, "dtype"));
     return kvarn::OpPagedAppendRun(context->impl.get(), c, p, l, token_indptr, slot_mapping,
                                    max_tokens, dtype, k, v);
   });

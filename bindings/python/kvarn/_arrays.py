@@ -375,10 +375,31 @@ class DeviceArray:
         self.shape = tuple(int(s) for s in shape)
         self.kind = kind
         self.nbytes = math.prod(self.shape) * _ITEMSIZE[kind]
-        self.address = 0
+        native = ctx._native  # the free names the context's handle as it is then
         with ctx._lock:
-            self.address = capi.memory_alloc(ctx._h(), max(self.nbytes, 1))
-            ctx._dependents.add(self)
+            address = capi.memory_alloc(ctx._h(), max(self.nbytes, 1))
+            self._token, self._finalizer = ctx._adopt(
+                self, lambda a: capi.memory_free(native.handle, a), address
+            )
+
+    @property
+    def address(self) -> int:
+        """The address in the context's memory; 0 once freed (or the context closed)."""
+        native = self._ctx._native
+        with native.lock:
+            return int(native.child(self._token) or 0) if "_token" in self.__dict__ else 0
+
+    def _live(self) -> int:
+        """The address for a call under the context's lock; raises once freed."""
+        address = self.address
+        if not address:
+            raise InvalidArgumentError("the DeviceArray is freed (or its context closed)")
+        return address
+
+    def free(self) -> None:
+        """Frees the memory now (also done when the array is collected, or with its context)."""
+        if "_finalizer" in self.__dict__:
+            self._finalizer()
 
     @classmethod
     def from_numpy(cls, ctx: Any, array: np.ndarray, dtype: Optional[str] = None) -> "DeviceArray":
@@ -405,7 +426,7 @@ class DeviceArray:
         with self._ctx._lock:
             capi.memory_copy(
                 self._ctx._h(),
-                self.address,
+                self._live(),
                 arr.view(np.uint8) if arr.size else None,
                 self.nbytes,
                 capi.COPY_HOST_TO_DEVICE,
@@ -419,7 +440,7 @@ class DeviceArray:
                 capi.memory_copy(
                     self._ctx._h(),
                     out.view(np.uint8),
-                    self.address,
+                    self._live(),
                     self.nbytes,
                     capi.COPY_DEVICE_TO_HOST,
                 )
@@ -470,18 +491,3 @@ class DeviceArray:
             f"DeviceArray(shape={self.shape}, dtype={dtype_name(self.kind)}, "
             f"device={_DEVICE_NAMES.get(self._ctx._device[0])}:{self._ctx._device[1]})"
         )
-
-    def _release(self) -> None:
-        address, self.address = getattr(self, "address", 0), 0
-        ctx = getattr(self, "_ctx", None)
-        if address and ctx is not None and ctx._handle is not None:
-            capi.memory_free(ctx._handle, address)
-
-    def __del__(self) -> None:
-        try:
-            ctx = getattr(self, "_ctx", None)
-            if ctx is not None:
-                with ctx._lock:
-                    self._release()
-        except Exception:  # interpreter shutdown: the module may be gone already
-            pass

@@ -47,7 +47,7 @@ class Cache(_Closable):
         max_sequences: int = 256,
         ctx: Optional[Context] = None,
     ) -> None:
-        self._handle = None
+        self._token = 0
         self.ctx = ctx if ctx is not None else default_context()
         self.config = _config(config)
         options = capi.cache_options()
@@ -58,8 +58,8 @@ class Cache(_Closable):
         options.max_tokens = int(max_tokens)
         options.max_sequences = int(max_sequences)
         with self.ctx._lock:
-            self._handle = capi.cache_create(self.ctx._h(), options)
-            self.ctx._dependents.add(self)
+            handle = capi.cache_create(self.ctx._h(), options)
+            self._token, self._finalizer = self.ctx._adopt(self, capi.cache_destroy, handle)
         self.num_layers = int(num_layers)
         self.num_kv_heads = int(num_kv_heads)
         self.max_tokens = int(max_tokens)
@@ -68,21 +68,23 @@ class Cache(_Closable):
     # ---- lifetime -------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Frees the cache (also done when it is collected, or when its context is closed)."""
-        if getattr(self, "_handle", None) is None:
-            return
-        with self.ctx._lock:
-            self._release()
+        """Frees the cache (also done when it is collected, or when its context is closed);
+        safe from any thread, in any order with the context's close."""
+        if "_finalizer" in self.__dict__:
+            self._finalizer()
 
-    def _release(self) -> None:
-        handle, self._handle = self._handle, None
-        if handle is not None:
-            capi.cache_destroy(handle)
+    @property
+    def _handle(self) -> Any:
+        """The native handle, or None once closed (for tests and the torch ops)."""
+        with self.ctx._lock:
+            return self.ctx._native.child(self._token)
 
     def _h(self) -> Any:
-        if self._handle is None:
-            raise InvalidArgumentError("the cache is closed")
-        return self._handle
+        """The native handle; call under the context's lock (a close waits for the call)."""
+        handle = self.ctx._native.child(self._token)
+        if handle is None:
+            raise InvalidArgumentError("the cache is closed (or its context is)")
+        return handle
 
     def __repr__(self) -> str:
         return (

@@ -6,7 +6,7 @@ import enum
 import math
 import threading
 import weakref
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -268,9 +268,56 @@ def _config(config: Optional[Config]) -> Config:
 # ---- contexts -----------------------------------------------------------------------------------
 
 
+class _Native:
+    """The native handles of one context: its own and those of the caches, plans and device
+    arrays made on it, each with the call that frees it.
+
+    Python objects point here, never the reverse, and each frees its handle through a
+    ``weakref.finalize`` (which outlives the garbage collector's clearing of weak references),
+    so whatever order objects are closed or collected in (reference cycles, interpreter exit,
+    closes from other threads), every handle is freed exactly once and dependents always before
+    their context. The lock serializes calls on the context with the frees: a handle is never
+    freed under a running call.
+    """
+
+    def __init__(self, handle: Any) -> None:
+        self.lock = threading.RLock()
+        self.handle = handle
+        self._children: Dict[int, Tuple[Callable[[Any], None], Any]] = {}
+        self._next = 0
+
+    def adopt(self, free: Callable[[Any], None], handle: Any) -> int:
+        """Takes a dependent's handle; returns its token. Call under the lock, context open."""
+        self._next += 1
+        self._children[self._next] = (free, handle)
+        return self._next
+
+    def child(self, token: int) -> Any:
+        """The dependent's handle, or None once it or the context is closed. Under the lock."""
+        entry = self._children.get(token)
+        return entry[1] if entry is not None else None
+
+    def release(self, token: int) -> None:
+        """Frees one dependent's handle (no-op if already freed, by it or by the context)."""
+        with self.lock:
+            entry = self._children.pop(token, None)
+            if entry is not None:
+                entry[0](entry[1])
+
+    def close(self) -> None:
+        """Frees every dependent's handle (newest first), then the context's."""
+        with self.lock:
+            while self._children:
+                _, (free, handle) = self._children.popitem()
+                free(handle)
+            handle, self.handle = self.handle, None
+            if handle is not None:
+                capi.context_destroy(handle)
+
+
 class _Closable:
-    """`with` support and closing on garbage collection for the handle-owning classes; each
-    defines close()."""
+    """`with` support for the handle-owning classes; each defines close(). Collection frees
+    their handles through a finalizer (_Native), never __del__."""
 
     def close(self) -> None:
         raise NotImplementedError
@@ -280,12 +327,6 @@ class _Closable:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown: the module may be gone already
-            pass
 
 
 class Context(_Closable):
@@ -306,17 +347,15 @@ class Context(_Closable):
         stream: Optional[int] = None,
         num_threads: int = 0,
     ) -> None:
-        self._handle = None
-        self._lock = threading.RLock()
-        # Caches and device arrays made on this context: released before the context is.
-        self._dependents: "weakref.WeakSet[Any]" = weakref.WeakSet()
         options = capi.context_options()
         capi.context_options_defaults(options)
         options.backend = int(_enum_value(Backend, backend, "backend"))
         options.device = int(device)
         options.stream = int(stream or 0)
         options.num_threads = int(num_threads)
-        self._handle = capi.context_create(options)
+        self._native = _Native(capi.context_create(options))
+        self._lock = self._native.lock
+        self._finalizer = weakref.finalize(self, self._native.close)
         self.stream = int(stream or 0)
         self.backend = Backend(capi.context_get_backend(self._handle))
         self.cpu_isa = CpuIsa(capi.context_get_cpu_isa(self._handle))
@@ -342,16 +381,25 @@ class Context(_Closable):
         """The DLPack (device_type, device_id) of the context's memory."""
         return self._device
 
+    @property
+    def _handle(self) -> Any:
+        return self._native.handle
+
     def close(self) -> None:
         """Destroys the context (also done when it is collected), after closing the caches and
-        freeing the device arrays made on it."""
-        if getattr(self, "_handle", None) is None:
-            return
-        with self._lock:
-            for dependent in list(self._dependents):
-                dependent._release()
-            handle, self._handle = self._handle, None
-            capi.context_destroy(handle)
+        plans and freeing the device arrays made on it (they refuse calls afterwards). Safe in
+        any order with their own closes, from any thread."""
+        if "_finalizer" in self.__dict__:
+            self._finalizer()
+
+    def _adopt(
+        self, owner: Any, free: Callable[[Any], None], handle: Any
+    ) -> Tuple[int, "weakref.finalize"]:
+        """Registers a dependent's native handle (call under the lock): its token for
+        _native.child, and the finalizer that frees it when `owner` is closed or collected
+        (unless the context frees it first)."""
+        token = self._native.adopt(free, handle)
+        return token, weakref.finalize(owner, self._native.release, token)
 
     def __repr__(self) -> str:
         state = "" if self._handle is not None else ", closed"

@@ -300,7 +300,7 @@ class AttentionPlan(_Closable):
         num_splits: int = 0,
         like: Any = None,
     ) -> None:
-        self._handle = None
+        self._token = 0
         self.ctx = ctx
         self.config = _config(config)
         self.batch = int(batch)
@@ -326,12 +326,12 @@ class AttentionPlan(_Closable):
         params.out_dtype = A.KIND_TO_CODE[self.out_dtype]
         params.num_splits = int(num_splits)
         with ctx._lock:
-            self._handle = capi.attention_plan_create(ctx._h(), self.config._c(), shape, params)
-            ctx._dependents.add(self)
-        self.workspace_bytes = int(capi.attention_plan_workspace_size(self._handle))
-        #: The kernel the plan runs: "cpu", "cuda-tensor-core-decode", "cuda-tensor-core-extend"
-        #: or "cuda-general" (kvarn_attention_plan_kernel).
-        self.kernel = str(capi.attention_plan_kernel(self._handle))
+            handle = capi.attention_plan_create(ctx._h(), self.config._c(), shape, params)
+            self._token, self._finalizer = ctx._adopt(self, capi.attention_plan_destroy, handle)
+            self.workspace_bytes = int(capi.attention_plan_workspace_size(handle))
+            #: The kernel the plan runs: "cpu", "cuda-tensor-core-decode",
+            #: "cuda-tensor-core-extend" or "cuda-general" (kvarn_attention_plan_kernel).
+            self.kernel = str(capi.attention_plan_kernel(handle))
         self.workspace, self._ws_address = _workspace(ctx, self.workspace_bytes, like)
 
     @property
@@ -343,10 +343,18 @@ class AttentionPlan(_Closable):
         """Rows of q, out and lse: batch (decode) or max_total_q (extend)."""
         return self.batch if self.is_decode else self.max_total_q
 
+    @property
+    def _handle(self) -> Any:
+        """The native handle, or None once closed (for tests and the torch ops)."""
+        with self.ctx._lock:
+            return self.ctx._native.child(self._token)
+
     def _h(self) -> Any:
-        if self._handle is None:
-            raise InvalidArgumentError("the AttentionPlan is closed")
-        return self._handle
+        """The native handle; call under the context's lock (a close waits for the call)."""
+        handle = self.ctx._native.child(self._token)
+        if handle is None:
+            raise InvalidArgumentError("the AttentionPlan is closed (or its context is)")
+        return handle
 
     def run(
         self,
@@ -367,7 +375,8 @@ class AttentionPlan(_Closable):
         (seq_lens[b] == 0) gets zero rows and lse -inf; extend rows past q_indptr[batch] are not
         written. seq_status: int32 [batch] or None."""
         ctx = self.ctx
-        handle = self._h()
+        with ctx._lock:
+            self._h()  # closed plans fail before any argument is converted
         _check_open(ctx)
         launch_stream, dl = _streams(ctx, stream, (q, out, kv.k_pages))
         c_kv, keep = kv._c(ctx, self.config, dl)
@@ -406,7 +415,7 @@ class AttentionPlan(_Closable):
         with ctx._lock:
             capi.paged_attention_run(
                 ctx._h(),
-                handle,
+                self._h(),
                 c_kv,
                 launch,
                 ia.address if ia is not None else 0,
@@ -419,24 +428,19 @@ class AttentionPlan(_Closable):
 
     def close(self) -> None:
         """Destroys the plan and drops its workspace (also done when it is collected, or when
-        its context is closed)."""
-        if getattr(self, "_handle", None) is None:
+        its context is closed); safe from any thread, in any order with the context's close."""
+        if "_finalizer" not in self.__dict__:
             return
-        with self.ctx._lock:
-            self._release()
-
-    def _release(self) -> None:
-        handle, self._handle = self._handle, None
+        self._finalizer()
         _forget_handle(self)
-        if handle is not None:
-            capi.attention_plan_destroy(handle)
         self.workspace = None
         self._ws_address = 0
 
     def __repr__(self) -> str:
         kind = "decode" if self.is_decode else f"extend(max_q_per_seq={self.max_q_per_seq}, " \
             f"max_total_q={self.max_total_q})"
-        state = "" if self._handle is not None else ", closed"
+        with self.ctx._lock:
+            state = "" if self.ctx._native.child(self._token) is not None else ", closed"
         return (
             f"AttentionPlan({kind}, batch={self.batch}, num_kv_heads={self.num_kv_heads}, "
             f"num_q_heads={self.num_q_heads}, max_blocks_per_seq={self.max_blocks_per_seq}, "

@@ -463,6 +463,20 @@ KVARN_API kvarn_status_t kvarn_paged_attention(kvarn_context_t* context,
  * and attention writes zeros to its output rows and -inf to its lse (seq_lens[b] == 0; also in
  * kvarn_paged_attention).
  *
+ * Size-0 launches: a call whose host size is 0 (append: batch 0 or max_tokens 0; flush:
+ * max_tiles 0; attention: batch 0, or an extend plan's max_total_q 0) reads none of its lists,
+ * tables or buffers (they may be NULL), enqueues nothing and returns KVARN_OK, whatever the
+ * device-resident metadata says; no sequence faults. Argument errors (the structs, the plan's
+ * shape, the workspace) are still checked.
+ *
+ * Row ranges (token_indptr, q_indptr): sequence b owns rows [indptr[b], indptr[b+1]). A boundary
+ * indptr[j] is bad when indptr[0] != 0, when it lies outside [0, limit] (limit: max_tokens for
+ * token_indptr, the plan's max_total_q for q_indptr), or when it is below an earlier boundary or
+ * above a later one. Every sequence with a bad boundary (j == b or j == b + 1) faults with
+ * KVARN_ERR_INVALID_ARGUMENT, so ranges that overlap fault every sequence touching them and the
+ * sequences left own disjoint rows. The rule is the same with and without a status array and on
+ * every backend.
+ *
  * Error model:
  *   - Argument errors (NULL pointers, sizes, dtypes, shapes that disagree with the plan, a
  *     workspace too small) are found on the host: the call returns their status and enqueues
@@ -500,9 +514,9 @@ KVARN_API void kvarn_launch_defaults(kvarn_launch_t* launch);
  * k_pages, v_pages and num_pages are read: append never reads seq_lens or block_table, so one
  * set of lengths (after the append) serves append and attention.
  * token_indptr: [batch+1] int32, slot_mapping: [max_tokens] int32, both context memory;
- * k, v: [max_tokens][Hk][D] of dtype. max_tokens (host) sizes the launch; token_indptr[batch]
- * above it is a data error of every sequence it cuts. Data errors: a slot outside the page pool,
- * a non-finite or fp16-overflowing row, token_indptr decreasing. No workspace. */
+ * k, v: [max_tokens][Hk][D] of dtype. max_tokens (host) sizes the launch. Data errors: a bad
+ * token_indptr range (see "Row ranges": not starting at 0, decreasing, or beyond max_tokens),
+ * a slot outside the page pool, a non-finite or fp16-overflowing row. No workspace. */
 KVARN_API kvarn_status_t kvarn_paged_append_run(
     kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
     const kvarn_launch_t* launch, const int32_t* token_indptr, const int32_t* slot_mapping,
@@ -574,10 +588,10 @@ KVARN_API kvarn_status_t kvarn_attention_plan_kernel(const kvarn_attention_plan_
  * kv: batch, num_kv_heads and max_blocks_per_seq equal to the plan's shape; seq_lens (the
  * lengths after this step's append), record_tiles and block_table in context memory.
  * q_indptr: decode plans NULL; extend plans [batch+1] int32 in context memory (sequence b has
- * q_indptr[b+1] - q_indptr[b] <= max_q_per_seq query tokens, q_indptr[batch] <= max_total_q;
- * more is a data error). q, out: [rows][Hq][D], lse: [rows][Hq] float or NULL, rows = batch
- * (decode) or max_total_q (extend; rows past q_indptr[batch] are not written).
- * launch->workspace: kvarn_attention_plan_workspace_size bytes. */
+ * q_indptr[b+1] - q_indptr[b] <= max_q_per_seq query tokens; a bad range, see "Row ranges"
+ * with limit max_total_q, or more tokens is a data error). q, out: [rows][Hq][D], lse: [rows][Hq]
+ * float or NULL, rows = batch (decode) or max_total_q (extend; rows past q_indptr[batch] are not
+ * written). launch->workspace: kvarn_attention_plan_workspace_size bytes. */
 KVARN_API kvarn_status_t kvarn_paged_attention_run(
     kvarn_context_t* context, const kvarn_attention_plan_t* plan, const kvarn_paged_kv_t* kv,
     const kvarn_launch_t* launch, const int32_t* q_indptr, const void* q, void* out, float* lse);

@@ -156,6 +156,18 @@ pub struct CacheStats {
 /// # Ok(()) }
 /// ```
 ///
+/// The context outlives its caches: dropping or moving it while a cache borrows it does not
+/// compile (so no order of drops can free a context under a live cache).
+///
+/// ```compile_fail,E0505
+/// let ctx = kvarn::Context::cpu()?;
+/// let config = kvarn::Config::from_preset("k4v2_g64", 64)?;
+/// let cache = kvarn::Cache::new(&ctx, &kvarn::CacheOptions::new(config, 1, 1))?;
+/// drop(ctx); // E0505: the cache still borrows it
+/// cache.stats()?;
+/// # Ok::<(), kvarn::Error>(())
+/// ```
+///
 /// ```compile_fail,E0277
 /// fn sendable<T: Send>() {}
 /// sendable::<kvarn::Cache<'static>>(); // not Send
