@@ -120,9 +120,12 @@ template <>
 struct AbiStruct<kvarn_launch_t> {
   using T = kvarn_launch_t;
   static constexpr size_t kMinSize = sizeof(size_t);
-  static constexpr AbiField kFields[] = {KVARN_ABI_FIELD(T, stream), KVARN_ABI_FIELD(T, seq_status),
-                                         KVARN_ABI_FIELD(T, workspace),
-                                         KVARN_ABI_FIELD(T, workspace_bytes)};
+  static constexpr AbiField kFields[] = {
+      KVARN_ABI_FIELD(T, stream),       KVARN_ABI_FIELD(T, seq_status),
+      KVARN_ABI_FIELD(T, workspace),    KVARN_ABI_FIELD(T, workspace_bytes),
+      KVARN_ABI_FIELD(T, q_row_stride), KVARN_ABI_FIELD(T, k_row_stride),
+      KVARN_ABI_FIELD(T, v_row_stride), KVARN_ABI_FIELD(T, out_row_stride),
+      KVARN_ABI_FIELD(T, index_type)};
 };
 
 template <>

@@ -41,6 +41,10 @@ struct AttentionArgs {
   kvarn_dtype_t q_dtype = KVARN_DTYPE_F32;
   kvarn_dtype_t out_dtype = KVARN_DTYPE_F32;
   int num_splits = 0;
+  // Elements between the tokens of q and out, resolved (>= Hq * D; Hq * D when dense): set by
+  // ParseAttentionParams to dense and by the run call from its launch.
+  int64_t q_row_stride = 0;
+  int64_t out_row_stride = 0;
 };
 
 // Where a capturable (*_run) call executes: a validated kvarn_launch_t.
@@ -49,7 +53,18 @@ struct LaunchArgs {
   int32_t* seq_status = nullptr;  // [batch] per-sequence status, or NULL (whole-call errors)
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Elements between the tokens of k and v (append): 0 as parsed (dense), resolved to >= Hk * D
+  // by OpPagedAppendRun before the backend sees them. q and out strides travel in AttentionArgs.
+  int64_t q_row_stride = 0, k_row_stride = 0, v_row_stride = 0, out_row_stride = 0;
+  // slot_mapping (append) and src_pages, dst_blocks, tile_seqs (flush) hold int64, not int32
+  // (the pointers keep their int32_t* type; read them with IndexAt).
+  bool index64 = false;
 };
+
+// Entry i of a slot or flush list of the launch's index type (host memory).
+inline int64_t IndexAt(const int32_t* list, bool index64, size_t i) {
+  return index64 ? reinterpret_cast<const int64_t*>(list)[i] : list[i];
+}
 
 // The shape an attention plan is made for (a validated kvarn_attention_shape_t).
 struct AttentionShape {

@@ -1,6 +1,8 @@
 #include "core/paged_run.h"
 
+#include <cstdint>
 #include <string>
+#include <utility>
 
 #include "core/abi_struct.h"
 #include "core/ops.h"
@@ -16,6 +18,39 @@ Status CheckWorkspace(const LaunchArgs& launch, size_t need, const char* how) {
     return {KVARN_ERR_BUFFER_TOO_SMALL,
             "launch->workspace holds " + std::to_string(launch.workspace_bytes) +
                 " bytes; this call needs " + std::to_string(need) + " (" + how + ")"};
+  }
+  return Status::Ok();
+}
+
+// The row stride of a token tensor of `rows` rows of `heads` x D elements: `given` (0 = dense)
+// checked to hold a row, and the rows' extent checked to fit in memory (4-byte elements at most).
+Status ResolveRowStride(int64_t given, size_t rows, int heads, int D, const char* name,
+                        int64_t* out) {
+  const int64_t dense = static_cast<int64_t>(heads) * D;
+  if (given != 0 && given < dense) {
+    return InvalidArgument(std::string("launch->") + name + " is " + std::to_string(given) +
+                           ", less than a row (" + std::to_string(heads) + " heads x " +
+                           std::to_string(D) + " = " + std::to_string(dense) +
+                           " elements): rows would overlap");
+  }
+  const int64_t stride = given == 0 ? dense : given;
+  // The last row ends at (rows - 1) * stride + dense elements.
+  if (rows > 0) {
+    KVARN_RETURN_IF_ERROR(CheckBufferSize(name, rows - 1, static_cast<size_t>(stride), 4));
+    if (static_cast<size_t>(stride) * (rows - 1) * 4 > kMaxObjectBytes - dense * 4) {
+      return InvalidArgument(std::string(name) + ": the strided rows would be larger than the " +
+                             "address space");
+    }
+  }
+  *out = stride;
+  return Status::Ok();
+}
+
+// int64 lists are read as int64_t: they must be 8-byte aligned.
+Status CheckIndexList(const LaunchArgs& launch, const void* list, const char* name) {
+  if (launch.index64 && reinterpret_cast<uintptr_t>(list) % alignof(int64_t) != 0) {
+    return InvalidArgument(std::string(name) +
+                           " must be 8-byte aligned with launch->index_type KVARN_INDEX_INT64");
   }
   return Status::Ok();
 }
@@ -44,6 +79,25 @@ Status ParseLaunch(const kvarn_launch_t* in, LaunchArgs* out) {
   out->seq_status = l.seq_status;
   out->workspace = l.workspace;
   out->workspace_bytes = l.workspace_bytes;
+  const std::pair<int64_t, const char*> strides[] = {{l.q_row_stride, "q_row_stride"},
+                                                     {l.k_row_stride, "k_row_stride"},
+                                                     {l.v_row_stride, "v_row_stride"},
+                                                     {l.out_row_stride, "out_row_stride"}};
+  for (const auto& [stride, name] : strides) {
+    if (stride < 0) {
+      return InvalidArgument(std::string("launch->") + name + " is " + std::to_string(stride) +
+                             "; row strides are element counts >= 0 (0 = dense)");
+    }
+  }
+  out->q_row_stride = l.q_row_stride;
+  out->k_row_stride = l.k_row_stride;
+  out->v_row_stride = l.v_row_stride;
+  out->out_row_stride = l.out_row_stride;
+  const int32_t index_type = EnumInt(l.index_type);
+  if (index_type != KVARN_INDEX_INT32 && index_type != KVARN_INDEX_INT64) {
+    return InvalidArgument("launch->index_type: unknown value " + std::to_string(index_type));
+  }
+  out->index64 = index_type == KVARN_INDEX_INT64;
   return Status::Ok();
 }
 
@@ -102,13 +156,17 @@ Status OpPagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv,
   if (k == nullptr || v == nullptr) return InvalidArgument("k or v is NULL");
   if (kv.num_pages == 0) return InvalidArgument("append needs a page pool (num_pages is 0)");
   if (max_tokens > kMaxLaunchItems) return InvalidArgument("max_tokens must be < 2^31");
-  KVARN_RETURN_IF_ERROR(
-      CheckBufferSize("k or v", max_tokens, kv.num_kv_heads, cfg.D, sizeof(float)));
+  LaunchArgs l = launch;
+  KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.k_row_stride, max_tokens, kv.num_kv_heads, cfg.D,
+                                         "k_row_stride", &l.k_row_stride));
+  KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.v_row_stride, max_tokens, kv.num_kv_heads, cfg.D,
+                                         "v_row_stride", &l.v_row_stride));
+  KVARN_RETURN_IF_ERROR(CheckIndexList(l, slot_mapping, "slot_mapping"));
   if (static_cast<size_t>(kv.num_pages) * cfg.G > kMaxLaunchItems) {
     return Unsupported("a page pool of more than 2^31-1 token slots");
   }
-  return ctx->ops->paged_append_run(ctx, cfg, kv, launch, token_indptr, slot_mapping, max_tokens,
-                                    dtype, k, v);
+  return ctx->ops->paged_append_run(ctx, cfg, kv, l, token_indptr, slot_mapping, max_tokens, dtype,
+                                    k, v);
 }
 
 Status OpPagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
@@ -125,6 +183,9 @@ Status OpPagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const
   if (kv.num_pages == 0 || kv.num_record_blocks == 0) {
     return InvalidArgument("flush needs both a page pool and a record pool");
   }
+  KVARN_RETURN_IF_ERROR(CheckIndexList(launch, src_pages, "src_pages"));
+  KVARN_RETURN_IF_ERROR(CheckIndexList(launch, dst_blocks, "dst_blocks"));
+  KVARN_RETURN_IF_ERROR(CheckIndexList(launch, tile_seqs, "tile_seqs"));
   KVARN_RETURN_IF_ERROR(CheckFlushRecords(kv.num_kv_heads, max_tiles));
   KVARN_RETURN_IF_ERROR(
       CheckBufferSize("the flushed records", max_tiles, kv.num_kv_heads, cfg.record_bytes()));
@@ -158,8 +219,13 @@ Status OpPagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
       CheckWorkspace(launch, plan.workspace, "kvarn_attention_plan_workspace_size"));
   if (kv.batch == 0 || shape.max_total_q == 0) return Status::Ok();
   if (q == nullptr || out == nullptr) return InvalidArgument("q or out is NULL");
-  return ctx->ops->paged_attention_run(ctx, cfg, kv, shape, args, plan, launch, q_indptr, q, out,
-                                       lse);
+  AttentionArgs a = args;
+  const size_t rows = static_cast<size_t>(shape.max_total_q);
+  KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.q_row_stride, rows, args.num_q_heads, cfg.D,
+                                         "q_row_stride", &a.q_row_stride));
+  KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.out_row_stride, rows, args.num_q_heads, cfg.D,
+                                         "out_row_stride", &a.out_row_stride));
+  return ctx->ops->paged_attention_run(ctx, cfg, kv, shape, a, plan, launch, q_indptr, q, out, lse);
 }
 
 }  // namespace kvarn

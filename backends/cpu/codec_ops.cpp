@@ -212,7 +212,9 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
       slots[i] = static_cast<int32_t>(page * int64_t{G} + pos % G);
     }
   }
-  return PagedAppendRun(ctx, cfg, kv, LaunchArgs{}, indptr, slots.data(), total, dtype, k, v);
+  LaunchArgs dense;  // k and v of the host-list append are dense
+  dense.k_row_stride = dense.v_row_stride = static_cast<int64_t>(kv.num_kv_heads) * cfg.D;
+  return PagedAppendRun(ctx, cfg, kv, dense, indptr, slots.data(), total, dtype, k, v);
 }
 
 Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,

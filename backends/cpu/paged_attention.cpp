@@ -192,7 +192,9 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
   for (int b = 0; b < kv.batch; ++b) {
     if (skip[b]) continue;
     for (size_t r = q_begin[b] * Hq; r < static_cast<size_t>(q_begin[b + 1]) * Hq; ++r) {
-      LoadRow(args.q_dtype, q, r * D, D, qr.data() + r * D);
+      // Row r = token * Hq + head; tokens are q_row_stride elements apart.
+      const size_t src = (r / Hq) * static_cast<size_t>(args.q_row_stride) + (r % Hq) * D;
+      LoadRow(args.q_dtype, q, src, D, qr.data() + r * D);
       if (cfg.k_rotate) K.hadamard(qr.data() + r * D, D);
     }
   }
@@ -273,8 +275,10 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
         // L == 0: a padding slot (no cached tokens) gets zeros and lse -inf.
         for (int d = 0; d < D; ++d) o[d] = L > 0.f ? o[d] / L : 0.f;
         if (cfg.v_rotate) K.hadamard(o.data(), D);  // o = o' H
-        const size_t qrow = (q_begin[b] + i) * Hq + h * group + g;
-        StoreRow(args.out_dtype, out, qrow * D, D, o.data());
+        const size_t token = q_begin[b] + i, head = static_cast<size_t>(h) * group + g;
+        const size_t qrow = token * Hq + head;
+        StoreRow(args.out_dtype, out, token * static_cast<size_t>(args.out_row_stride) + head * D,
+                 D, o.data());
         if (lse != nullptr) lse[qrow] = M + std::log(L);
       }
     }

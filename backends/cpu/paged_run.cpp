@@ -46,6 +46,9 @@ struct Faults {
   }
 };
 
+// tile_seqs value of a flush entry that belongs to no sequence of the batch (a finished request).
+constexpr int kNoSequence = -1;
+
 }  // namespace
 
 Status AttentionPlanFor(Context*, const Config&, const AttentionShape& shape,
@@ -60,6 +63,7 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
                       kvarn_dtype_t dtype, const void* k, const void* v) {
   const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads;
   const int64_t num_slots = static_cast<int64_t>(kv.num_pages) * G;
+  const auto slot_of = [&](int64_t t) { return IndexAt(slots, launch.index64, t); };
   Faults faults(launch.seq_status, kv.batch);
   // Convert every token of the sequences that take part (rows staged: nothing is written yet).
   std::vector<uint16_t> kh(max_tokens * Hk * D), vh(max_tokens * Hk * D);
@@ -75,10 +79,11 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
       continue;
     }
     for (int64_t t = begin; t < end; ++t) {
-      if (slots[t] < -1 || slots[t] >= num_slots) {
+      const int64_t slot = slot_of(t);
+      if (slot < -1 || slot >= num_slots) {
         faults.Set(
             b, InvalidArgument("sequence " + std::to_string(b) + ", token " + std::to_string(t) +
-                               ": slot " + std::to_string(slots[t]) + " is outside the page pool"));
+                               ": slot " + std::to_string(slot) + " is outside the page pool"));
         break;
       }
     }
@@ -90,11 +95,13 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
     if (!take[b]) return;
     std::vector<float> row(D), scratch(D);
     for (int64_t t = indptr[b]; t < indptr[b + 1]; ++t) {
-      if (slots[t] == -1) continue;
+      if (slot_of(t) == -1) continue;
       for (int h = 0; h < Hk; ++h) {
-        const size_t off = (static_cast<size_t>(t) * Hk + h) * D;
+        const size_t off = (static_cast<size_t>(t) * Hk + h) * D;  // staged rows are dense
         for (int which = 0; which < 2; ++which) {
-          LoadRow(dtype, which ? v : k, off, D, row.data());
+          const int64_t stride = which ? launch.v_row_stride : launch.k_row_stride;
+          LoadRow(dtype, which ? v : k, static_cast<size_t>(t * stride + int64_t{h} * D), D,
+                  row.data());
           if (K.to_cache_frame(row.data(), D, which ? cfg.v_rotate : cfg.k_rotate, scratch.data(),
                                (which ? vh.data() : kh.data()) + off)) {
             continue;
@@ -125,9 +132,9 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   for (int b = 0; b < kv.batch; ++b) {
     if (!take[b]) continue;
     for (int64_t t = indptr[b]; t < indptr[b + 1]; ++t) {
-      if (slots[t] == -1) continue;
-      const size_t page = static_cast<size_t>(slots[t] / G),
-                   pos = static_cast<size_t>(slots[t] % G);
+      const int64_t slot = slot_of(t);
+      if (slot == -1) continue;
+      const size_t page = static_cast<size_t>(slot / G), pos = static_cast<size_t>(slot % G);
       for (int h = 0; h < Hk; ++h) {
         const size_t dst = page * page_elems + (static_cast<size_t>(h) * G + pos) * D;
         const size_t src = (static_cast<size_t>(t) * Hk + h) * D;
@@ -148,18 +155,24 @@ Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const L
     return InvalidArgument("*n_tiles is " + std::to_string(n) + ", outside [0, max_tiles = " +
                            std::to_string(max_tiles) + "]; nothing was flushed");
   }
+  const bool wide = launch.index64;
   if (launch.seq_status != nullptr) {
     for (int32_t i = 0; i < n; ++i) {
-      if (tile_seqs[i] < 0 || tile_seqs[i] >= kv.batch) {
-        return InvalidArgument("tile_seqs[" + std::to_string(i) + "] = " +
-                               std::to_string(tile_seqs[i]) + " is not a sequence of the batch (" +
-                               std::to_string(kv.batch) + "); nothing was flushed");
+      const int64_t b = IndexAt(tile_seqs, wide, i);
+      if (b < kNoSequence || b >= kv.batch) {
+        return InvalidArgument("tile_seqs[" + std::to_string(i) + "] = " + std::to_string(b) +
+                               " is neither a sequence of the batch (" + std::to_string(kv.batch) +
+                               ") nor -1 (no sequence); nothing was flushed");
       }
     }
   }
-  // Without a status array every entry counts as its own sequence 0 (a fault fails the call).
-  const auto seq_of = [&](int32_t i) { return launch.seq_status ? tile_seqs[i] : 0; };
+  // The entry's sequence: its tile_seqs entry with a status array (-1: a finished request's
+  // entry, owned by no sequence), else 0 (every fault fails the call).
+  const auto seq_of = [&](int32_t i) {
+    return launch.seq_status ? static_cast<int>(IndexAt(tile_seqs, wide, i)) : 0;
+  };
   Faults faults(launch.seq_status, launch.seq_status ? kv.batch : 1);
+  const auto live = [&](int b) { return b == kNoSequence || !faults.Skipped(b); };
   const size_t rb = cfg.record_bytes();
   const size_t page_elems = static_cast<size_t>(Hk) * G * D;
   uint8_t* staged = static_cast<uint8_t*>(launch.workspace);
@@ -168,35 +181,38 @@ Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const L
   ctx->pool->ParallelFor(static_cast<size_t>(n) * Hk, [&](size_t item) {
     const int32_t i = static_cast<int32_t>(item / Hk);
     const size_t h = item % Hk;
-    if (faults.Skipped(seq_of(i))) return;
-    if (src_pages[i] < 0 || src_pages[i] >= kv.num_pages || dst_blocks[i] < 0 ||
-        dst_blocks[i] >= kv.num_record_blocks) {
-      item_status[item] = InvalidArgument("flush entry " + std::to_string(i) + ": page " +
-                                          std::to_string(src_pages[i]) + " or record block " +
-                                          std::to_string(dst_blocks[i]) + " is outside its pool");
+    if (!live(seq_of(i))) return;
+    const int64_t page = IndexAt(src_pages, wide, i), block = IndexAt(dst_blocks, wide, i);
+    if (page < 0 || page >= kv.num_pages || block < 0 || block >= kv.num_record_blocks) {
+      item_status[item] =
+          InvalidArgument("flush entry " + std::to_string(i) + ": page " + std::to_string(page) +
+                          " or record block " + std::to_string(block) + " is outside its pool");
       return;
     }
     TileScratch s;
-    const size_t off = src_pages[i] * page_elems + h * G * D;
+    const size_t off = static_cast<size_t>(page) * page_elems + h * G * D;
     Status r = QuantizeRecord(cfg, kv.k_pages + off, kv.v_pages + off, staged + item * rb, s, &K);
     if (!r.ok()) {
       item_status[item] = {r.code(), "flush entry " + std::to_string(i) + " (page " +
-                                         std::to_string(src_pages[i]) + ", head " +
-                                         std::to_string(h) + "): " + r.message()};
+                                         std::to_string(page) + ", head " + std::to_string(h) +
+                                         "): " + r.message()};
     }
   });
   for (size_t item = 0; item < item_status.size(); ++item) {
-    if (!item_status[item].ok())
-      faults.Set(seq_of(static_cast<int32_t>(item / Hk)), item_status[item]);
+    if (item_status[item].ok()) continue;
+    const int b = seq_of(static_cast<int32_t>(item / Hk));
+    // A fault of an entry without a sequence cannot go to a status entry: it fails the call.
+    if (b == kNoSequence) return item_status[item];
+    faults.Set(b, item_status[item]);
   }
   if (launch.seq_status == nullptr && faults.AnyFailed()) return faults.Finish();
   for (size_t item = 0; item < static_cast<size_t>(n) * Hk; ++item) {
     const int32_t i = static_cast<int32_t>(item / Hk);
     const int b = seq_of(i);
-    if (faults.Skipped(b) || faults.Failed(b)) continue;
+    if (b != kNoSequence && (faults.Skipped(b) || faults.Failed(b))) continue;
     const size_t h = item % Hk;
-    std::memcpy(kv.records + (static_cast<size_t>(dst_blocks[i]) * Hk + h) * kv.record_stride,
-                staged + item * rb, rb);
+    const size_t block = static_cast<size_t>(IndexAt(dst_blocks, wide, i));
+    std::memcpy(kv.records + (block * Hk + h) * kv.record_stride, staged + item * rb, rb);
   }
   return faults.Finish();
 }

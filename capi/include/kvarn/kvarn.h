@@ -482,13 +482,35 @@ KVARN_API kvarn_status_t kvarn_paged_attention(kvarn_context_t* context,
  *   - Attention output rows (and lse) of a sequence that faults, or had faulted, are unspecified.
  * ------------------------------------------------------------------------------------------- */
 
-/* Where and with what a *_run call executes. */
+/* The integer type of a run call's slot and index lists (kvarn_launch_t.index_type). */
+typedef enum kvarn_index_type {
+  KVARN_INDEX_INT32 = 0, /* int32_t (the default) */
+  KVARN_INDEX_INT64 = 1, /* int64_t (vLLM's slot_mapping, torch's default integer) */
+  KVARN_INDEX_SENTINEL_ = 0x7fffffff
+} kvarn_index_type_t;
+
+/* Where and with what a *_run call executes, and the layout of its token tensors.
+ * Row strides: a "row" is one token, [H][D] elements (H = Hk for k and v, Hq for q and out);
+ * heads stay dense inside a row. Row t starts t * stride elements after the pointer. 0 means
+ * dense (H * D); else at least H * D (rows never overlap), so an engine can pass views of a
+ * fused qkv projection ([tokens][(Hq + 2 Hk) * D]) or of a larger output buffer without a copy.
+ * A call reads the strides of the tensors it takes (append: k, v; attention: q, out) and
+ * ignores the others, so one launch struct may serve a whole step. lse stays dense. */
 typedef struct kvarn_launch {
   size_t size;            /* sizeof(kvarn_launch_t) */
   void* stream;           /* cudaStream_t / hipStream_t of this call; NULL = the context's */
   int32_t* seq_status;    /* [batch] int32 per-sequence status (context memory), or NULL */
   void* workspace;        /* caller-owned scratch (context memory); NULL when none is needed */
   size_t workspace_bytes; /* bytes at workspace */
+  /* Later fields (growable struct: a caller built with an older header gets 0, as before). */
+  int64_t q_row_stride;   /* elements between query tokens of q; 0 = dense */
+  int64_t k_row_stride;   /* elements between tokens of k; 0 = dense */
+  int64_t v_row_stride;   /* elements between tokens of v; 0 = dense */
+  int64_t out_row_stride; /* elements between tokens of out; 0 = dense */
+  /* The type of slot_mapping (append) and of src_pages, dst_blocks, tile_seqs (flush): the
+   * pointers are passed as const int32_t* and read as int64_t when KVARN_INDEX_INT64. The
+   * indptr arrays, n_tiles, and kv's tables stay int32. Default KVARN_INDEX_INT32. */
+  kvarn_index_type_t index_type;
 } kvarn_launch_t;
 
 KVARN_API void kvarn_launch_defaults(kvarn_launch_t* launch);
