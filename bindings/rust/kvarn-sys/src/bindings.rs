@@ -1106,6 +1106,11 @@ extern "C" {
         workspace_bytes: usize,
     ) -> kvarn_status_t;
 }
+pub const KVARN_INDEX_INT32: kvarn_index_type = 0;
+pub const KVARN_INDEX_INT64: kvarn_index_type = 1;
+pub const KVARN_INDEX_SENTINEL_: kvarn_index_type = 2147483647;
+pub type kvarn_index_type = ::std::os::raw::c_uint;
+pub use self::kvarn_index_type as kvarn_index_type_t;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kvarn_launch {
@@ -1114,12 +1119,17 @@ pub struct kvarn_launch {
     pub seq_status: *mut i32,
     pub workspace: *mut ::std::os::raw::c_void,
     pub workspace_bytes: usize,
+    pub q_row_stride: i64,
+    pub k_row_stride: i64,
+    pub v_row_stride: i64,
+    pub out_row_stride: i64,
+    pub index_type: kvarn_index_type_t,
 }
 #[test]
 fn bindgen_test_layout_kvarn_launch() {
     assert_eq!(
         ::std::mem::size_of::<kvarn_launch>(),
-        40usize,
+        80usize,
         concat!("Size of: ", stringify!(kvarn_launch))
     );
     assert_eq!(
@@ -1212,6 +1222,91 @@ fn bindgen_test_layout_kvarn_launch() {
         );
     }
     test_field_workspace_bytes();
+    fn test_field_q_row_stride() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).q_row_stride) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(q_row_stride)
+            )
+        );
+    }
+    test_field_q_row_stride();
+    fn test_field_k_row_stride() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).k_row_stride) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(k_row_stride)
+            )
+        );
+    }
+    test_field_k_row_stride();
+    fn test_field_v_row_stride() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).v_row_stride) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(v_row_stride)
+            )
+        );
+    }
+    test_field_v_row_stride();
+    fn test_field_out_row_stride() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).out_row_stride) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(out_row_stride)
+            )
+        );
+    }
+    test_field_out_row_stride();
+    fn test_field_index_type() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_type) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(index_type)
+            )
+        );
+    }
+    test_field_index_type();
 }
 pub type kvarn_launch_t = kvarn_launch;
 extern "C" {
