@@ -5,3 +5,8 @@ kvarn_add_gtest(kvarn_test_paged_run
 if(KVARN_ENABLE_HIP AND TARGET kvarn_test_paged_run)
   target_compile_definitions(kvarn_test_paged_run PRIVATE KVT_GPU_BACKEND_ROCM=1)
 endif()
+
+# What an engine must reserve per request (blocks + tail state): the table of README.md.
+kvarn_add_gtest(kvarn_test_engine_budget
+  SOURCES test_engine_budget.cpp
+  LABELS api)
