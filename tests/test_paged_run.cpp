@@ -17,6 +17,7 @@
 #include "support/fp.h"
 #include "support/gpu_test.h"
 #include "support/kvarn_test.h"
+#include "support/reference.h"
 
 namespace {
 
@@ -672,11 +673,31 @@ TEST_P(PagedRun, AppendAndFlushReadNoTables) {
 
 std::vector<int64_t> Wide(const std::vector<int32_t>& x) { return {x.begin(), x.end()}; }
 
+// The strided and the dense call agree: bit for bit on the CPU; on a GPU within the tensor-core
+// kernel's error (kvarn.h: dense q/out may take the tensor-core kernels, strided ones take the
+// general kernel, whose fp32 arithmetic is not the same).
+::testing::AssertionResult SameAttention(kvarn_backend_t backend, const std::vector<double>& got,
+                                         const std::vector<double>& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "sizes differ";
+  if (backend == KVARN_BACKEND_CPU) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i] != want[i]) {
+        return ::testing::AssertionFailure()
+               << "element " << i << ": " << got[i] << " vs " << want[i];
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+  const double err = kvt::RelL2(got, want);
+  if (err <= 1e-2) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative L2 error " << err << " > 1e-2";
+}
+
 TEST_P(PagedRun, StridedRowsAndInt64ListsMatchTheDenseStep) {
   // 300 decode steps of 12 slots, twice: dense int32 (RunStep), and with q, k, v as views of one
   // fused qkv buffer ([B][(Hq + 2 Hk) D], vLLM's qkv projection), out as rows of a wider buffer,
-  // and slot_mapping and the flush lists as int64. Outputs, lse and pools agree bit for bit; the
-  // out buffer's gap columns are never written.
+  // and slot_mapping and the flush lists as int64. Pools agree bit for bit, outputs and lse too
+  // on the CPU (GPU: SameAttention); the out buffer's gap columns are never written.
   KVT_SEEDED_RNG(rng, 0);
   kvt::DecodeLoopSpec spec;
   spec.batch = 12;
@@ -749,15 +770,20 @@ TEST_P(PagedRun, StridedRowsAndInt64ListsMatchTheDenseStep) {
 
     const auto want = sd.out.Download<float>(), got = wide_out.Download<float>();
     for (int b = 0; b < B; ++b) {
-      ASSERT_EQ(std::memcmp(got.data() + static_cast<size_t>(b) * kOutRow,
-                            want.data() + static_cast<size_t>(b) * kQ, kQ * 4),
-                0)
+      const float* row = got.data() + static_cast<size_t>(b) * kOutRow;
+      const float* ref = want.data() + static_cast<size_t>(b) * kQ;
+      ASSERT_TRUE(SameAttention(GetParam(), {row, row + kQ}, {ref, ref + kQ}))
           << "step " << step << " slot " << b;
-      for (int c = kQ; c < kOutRow; ++c) {
-        ASSERT_EQ(got[static_cast<size_t>(b) * kOutRow + c], 7.f) << "a gap column was written";
+      for (int c = kQ; c < kOutRow; ++c) ASSERT_EQ(row[c], 7.f) << "a gap column was written";
+    }
+    const auto lse_got = ss.lse.Download<float>(), lse_want = sd.lse.Download<float>();
+    for (size_t r = 0; r < lse_want.size(); ++r) {
+      if (GetParam() == KVARN_BACKEND_CPU || std::isinf(lse_want[r])) {
+        ASSERT_EQ(lse_got[r], lse_want[r]) << "step " << step << " row " << r;
+      } else {
+        ASSERT_NEAR(lse_got[r], lse_want[r], 1e-2) << "step " << step << " row " << r;
       }
     }
-    ASSERT_EQ(ss.lse.Download<float>(), sd.lse.Download<float>()) << "step " << step;
     ASSERT_EQ(ss.status.Download<int32_t>(), std::vector<int32_t>(B, 0)) << "step " << step;
   }
   EXPECT_GT(flushes, 3);
@@ -768,8 +794,8 @@ TEST_P(PagedRun, StridedRowsAndInt64ListsMatchTheDenseStep) {
 
 TEST_P(PagedRun, StridedExtendMatchesTheDenseExtend) {
   // An extend plan over a ragged batch, q and out rows spaced wider than dense (fp16 q, bf16
-  // out): the same outputs as the dense call, and the gaps and rows past q_indptr[batch] keep
-  // what they held.
+  // out): the same outputs as the dense call (SameAttention), and the gaps and rows past
+  // q_indptr[batch] keep what they held.
   KVT_SEEDED_RNG(rng, 0);
   kvt::PagedCacheSpec spec;
   spec.num_kv_heads = kHk;
@@ -832,13 +858,20 @@ TEST_P(PagedRun, StridedExtendMatchesTheDenseExtend) {
   KVT_ASSERT_OK(kvarn_paged_attention_run(ctx_.get(), plan.get(), &kv, &launch, ip, dq_wide.get(),
                                           out_wide.get(), nullptr));
   const auto a = out_dense.Download<uint16_t>(), b = out_wide.Download<uint16_t>();
+  const size_t used = static_cast<size_t>(q_indptr.back());
+  std::vector<double> got, want;
   for (size_t r = 0; r < static_cast<size_t>(rows); ++r) {
     for (int c = 0; c < kOutStride; ++c) {
-      const uint16_t want =
-          r < static_cast<size_t>(q_indptr.back()) && c < kQ ? a[r * kQ + c] : uint16_t{0x1234};
-      ASSERT_EQ(b[r * kOutStride + c], want) << "row " << r << " column " << c;
+      const uint16_t x = b[r * kOutStride + c];
+      if (r < used && c < kQ) {
+        got.push_back(kvt::Bf16ToFloat(x));
+        want.push_back(kvt::Bf16ToFloat(a[r * kQ + c]));
+      } else {
+        ASSERT_EQ(x, 0x1234) << "row " << r << " column " << c << " was written";
+      }
     }
   }
+  EXPECT_TRUE(SameAttention(GetParam(), got, want));
 }
 
 TEST_P(PagedRun, FinishedRequestsFlushWithoutASequence) {
