@@ -32,6 +32,14 @@ struct PagedKV {
   int max_blocks_per_seq = 0;
   const int32_t* seq_lens = nullptr;
   const int32_t* record_tiles = nullptr;
+  // The per-request tail state (kvarn_experimental.h), or tail_states NULL: tiles past
+  // record_tiles[b] are rows of slot tail_slots[b] ([2][Hk][tail_cap][D] halves, K then V,
+  // tail_slot_elems halves apart) instead of pages, and there is no sink (sink_tiles 0).
+  uint16_t* tail_states = nullptr;
+  size_t tail_slot_elems = 0;
+  int tail_cap = 0;
+  int num_tail_slots = 0;
+  const int32_t* tail_slots = nullptr;
 };
 
 struct AttentionArgs {
@@ -151,6 +159,16 @@ struct BackendOps {
                                 const AttentionShape& shape, const AttentionArgs& args,
                                 const AttentionPlan& plan, const LaunchArgs& launch,
                                 const int32_t* q_indptr, const void* q, void* out, float* lse);
+
+  // The per-request tail state (kvarn_experimental.h; kv.tail_states set). NULL where the
+  // backend lacks it: the core then refuses every tail-state call, attention included.
+  Status (*paged_append_tail_run)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                  const LaunchArgs& launch, const int32_t* token_indptr,
+                                  size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                                  const void* v);
+  Status (*paged_flush_tail_run)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                 const LaunchArgs& launch, const int32_t* committed,
+                                 int32_t* record_tiles_out);
 };
 
 struct Context {

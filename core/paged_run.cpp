@@ -195,11 +195,125 @@ Status OpPagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const
                                    tile_seqs);
 }
 
+// ---- the per-request tail state (kvarn_experimental.h) ------------------------------------------
+
+namespace {
+
+constexpr int kMaxStepTokens = 1 << 16;
+
+Status CheckTailArgs(const Config& cfg, int num_kv_heads, int max_step_tokens) {
+  if (cfg.sink_tiles != 0) {
+    return Unsupported(
+        "the tail state holds no sink: the config's sink_tiles must be 0 (the "
+        "sink is a record block like the other tiles)");
+  }
+  if (num_kv_heads <= 0) return InvalidArgument("num_kv_heads must be >= 1");
+  if (max_step_tokens < 1 || max_step_tokens > kMaxStepTokens) {
+    return InvalidArgument("max_step_tokens must be in [1, 65536], not " +
+                           std::to_string(max_step_tokens));
+  }
+  return Status::Ok();
+}
+
+// The backend's tail-state entry points, or UNSUPPORTED.
+Status CheckTailBackend(const Context* ctx) {
+  if (ctx->ops->paged_flush_tail_run == nullptr || ctx->ops->paged_append_tail_run == nullptr) {
+    return Unsupported(std::string("the tail state is not supported on the ") + ctx->ops->name +
+                       " backend yet (CPU only)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+int64_t TailCap(const Config& cfg, int max_step_tokens) {
+  return (int64_t{cfg.G} - 1 + max_step_tokens + 7) / 8 * 8;
+}
+
+Status TailStateBytes(const Config& cfg, int num_kv_heads, int max_step_tokens, size_t* out) {
+  KVARN_RETURN_IF_ERROR(CheckTailArgs(cfg, num_kv_heads, max_step_tokens));
+  const size_t cap = static_cast<size_t>(TailCap(cfg, max_step_tokens));
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("a tail slot", 2, num_kv_heads, cap, cfg.D, 2));
+  *out = 2 * static_cast<size_t>(num_kv_heads) * cap * cfg.D * 2;
+  return Status::Ok();
+}
+
+Status FlushTailWorkspaceBytes(const Config& cfg, int num_kv_heads, int batch, int max_step_tokens,
+                               size_t* out) {
+  KVARN_RETURN_IF_ERROR(CheckTailArgs(cfg, num_kv_heads, max_step_tokens));
+  if (batch < 0) return InvalidArgument("batch must be >= 0");
+  // A slot holds at most cap rows, so one call flushes at most cap / G tiles of a sequence.
+  const size_t tiles = static_cast<size_t>(batch) * (TailCap(cfg, max_step_tokens) / cfg.G);
+  KVARN_RETURN_IF_ERROR(CheckFlushRecords(num_kv_heads, tiles));
+  *out = FlushWorkspaceBytes(cfg, num_kv_heads, tiles);
+  return Status::Ok();
+}
+
+Status ParseTailState(const kvarn_tail_state_t* in, const Config& cfg, PagedKV* kv) {
+  kvarn_tail_state_t t;
+  kvarn_tail_state_defaults(&t);
+  KVARN_RETURN_IF_ERROR(ReadStruct(in, "tail", &t));
+  size_t need = 0;
+  KVARN_RETURN_IF_ERROR(TailStateBytes(cfg, kv->num_kv_heads, t.max_step_tokens, &need));
+  if (t.slot_bytes < need || t.slot_bytes % 2 != 0) {
+    return InvalidArgument("tail->slot_bytes is " + std::to_string(t.slot_bytes) +
+                           "; a slot needs " + std::to_string(need) +
+                           " (kvarn_tail_state_bytes), in a multiple of 2");
+  }
+  if (t.num_slots < 0) return InvalidArgument("tail->num_slots must be >= 0");
+  if (kv->batch > 0 && (t.states == nullptr || t.slots == nullptr || t.num_slots == 0)) {
+    return InvalidArgument("tail->states or tail->slots is NULL, or tail->num_slots is 0");
+  }
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("the tail slots", t.num_slots, t.slot_bytes));
+  kv->tail_states = static_cast<uint16_t*>(t.states);
+  kv->tail_slot_elems = t.slot_bytes / 2;
+  kv->tail_cap = static_cast<int>(TailCap(cfg, t.max_step_tokens));
+  kv->num_tail_slots = t.num_slots;
+  kv->tail_slots = t.slots;
+  return Status::Ok();
+}
+
+Status OpPagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                            const LaunchArgs& launch, const int32_t* token_indptr,
+                            size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  KVARN_RETURN_IF_ERROR(CheckTailBackend(ctx));
+  KVARN_RETURN_IF_ERROR(CheckDtypeArg(dtype, "dtype"));
+  if (kv.batch == 0 || max_tokens == 0) return Status::Ok();
+  if (token_indptr == nullptr) return InvalidArgument("token_indptr is NULL");
+  if (k == nullptr || v == nullptr) return InvalidArgument("k or v is NULL");
+  if (max_tokens > kMaxLaunchItems) return InvalidArgument("max_tokens must be < 2^31");
+  LaunchArgs l = launch;
+  KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.k_row_stride, max_tokens, kv.num_kv_heads, cfg.D,
+                                         "k_row_stride", &l.k_row_stride));
+  KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.v_row_stride, max_tokens, kv.num_kv_heads, cfg.D,
+                                         "v_row_stride", &l.v_row_stride));
+  return ctx->ops->paged_append_tail_run(ctx, cfg, kv, l, token_indptr, max_tokens, dtype, k, v);
+}
+
+Status OpPagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                           const LaunchArgs& launch, const int32_t* committed,
+                           int32_t* record_tiles_out) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  KVARN_RETURN_IF_ERROR(CheckTailBackend(ctx));
+  if (kv.batch == 0) return Status::Ok();
+  if (committed == nullptr || record_tiles_out == nullptr) {
+    return InvalidArgument("committed or record_tiles_out is NULL");
+  }
+  if (kv.num_record_blocks == 0) return InvalidArgument("flush needs a record pool");
+  const int max_step = static_cast<int>(kv.tail_cap - cfg.G + 1);  // cap >= G - 1 + max_step
+  size_t need = 0;
+  KVARN_RETURN_IF_ERROR(FlushTailWorkspaceBytes(cfg, kv.num_kv_heads, kv.batch, max_step, &need));
+  KVARN_RETURN_IF_ERROR(CheckWorkspace(launch, need, "kvarn_paged_flush_tail_workspace_size"));
+  return ctx->ops->paged_flush_tail_run(ctx, cfg, kv, launch, committed, record_tiles_out);
+}
+
 Status OpPagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                            const AttentionShape& shape, const AttentionArgs& args,
                            const AttentionPlan& plan, const LaunchArgs& launch,
                            const int32_t* q_indptr, const void* q, void* out, float* lse) {
   KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  if (kv.tail_states != nullptr) KVARN_RETURN_IF_ERROR(CheckTailBackend(ctx));
   if (kv.batch != shape.batch || kv.num_kv_heads != shape.num_kv_heads ||
       kv.max_blocks_per_seq != shape.max_blocks_per_seq) {
     return InvalidArgument("kv (batch " + std::to_string(kv.batch) + ", num_kv_heads " +

@@ -10,3 +10,8 @@ endif()
 kvarn_add_gtest(kvarn_test_engine_budget
   SOURCES test_engine_budget.cpp
   LABELS api)
+
+# The per-request tail state (kvarn_experimental.h): one block pool + tail slots, CPU.
+kvarn_add_gtest(kvarn_test_tail_state
+  SOURCES test_tail_state.cpp
+  LABELS "attention;gpu")

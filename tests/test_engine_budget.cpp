@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvarn/kvarn.h"
+#include "kvarn/kvarn_experimental.h"
 #include "support/kvarn_test.h"
 
 namespace {
@@ -35,7 +36,12 @@ Budget Ratios(const kvarn_config_t& cfg, int64_t N, int step_tokens) {
   // preset); the tail slot holds the G - 1 committed tokens of the partial tile plus the step's
   // new ones, rounded up to a multiple of 8 tokens.
   const int64_t tail_tokens = (G - 1 + step_tokens + 7) / 8 * 8;
-  const double one_pool = complete * rec + 4.0 * D * tail_tokens;
+  kvarn_config_t one_pool_cfg = cfg;
+  one_pool_cfg.sink_tiles = 0;
+  size_t slot_bytes = 0;  // the experimental size function, for one KV head
+  EXPECT_EQ(kvarn_tail_state_bytes(&one_pool_cfg, 1, step_tokens, &slot_bytes), KVARN_OK);
+  EXPECT_EQ(slot_bytes, static_cast<size_t>(4 * D * tail_tokens));
+  const double one_pool = complete * rec + static_cast<double>(slot_bytes);
   // An 8-bit tail: D bytes per token per tensor plus an fp16 scale per token and tensor.
   const double one_pool_tail8 = complete * rec + 2.0 * (D + 2) * tail_tokens;
   return {fp16 / two_pools, fp16 / one_pool, fp16 / one_pool_tail8};

@@ -130,6 +130,7 @@ TEST(StructAbi, EveryPublicStructIsDescribed) {
   CheckDescription<kvarn_attention_shape_t>(0);
   CheckDescription<kvarn_backend_info_t>(4);
   CheckDescription<kvarn_cache_stats_t>(0);
+  CheckDescription<kvarn_tail_state_t>(0);  // kvarn_experimental.h
   EXPECT_EQ(kvarn::AbiStruct<kvarn_cache_options_t>::kMinSize,
             offsetof(kvarn_cache_options_t, config) + sizeof(kvarn_config_t));
 }

@@ -244,6 +244,13 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
             &K);
         K.attend_record(rec, D, G, cfg.key_bits, cfg.value_bits, args.scale, qs.data(),
                         static_cast<int>(nstate), scores.data(), vsum.data());
+      } else if (kv.tail_states != nullptr) {
+        // Rows of the tail slot: K [Hk][cap][D], then V; this tile starts at row (tile-rt)*G.
+        const size_t head = static_cast<size_t>(kv.tail_slots[b]) * kv.tail_slot_elems +
+                            (static_cast<size_t>(h) * kv.tail_cap + (tile - rt) * G) * D;
+        const size_t v_off = static_cast<size_t>(Hk) * kv.tail_cap * D;
+        K.attend_page(kv.tail_states + head, kv.tail_states + head + v_off, D, G, args.scale,
+                      qs.data(), static_cast<int>(nstate), scores.data());
       } else {
         const size_t off = row[tile] * page_elems + static_cast<size_t>(h) * G * D;
         K.attend_page(kv.k_pages + off, kv.v_pages + off, D, G, args.scale, qs.data(),

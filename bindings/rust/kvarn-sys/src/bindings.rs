@@ -1954,3 +1954,187 @@ extern "C" {
         out: *mut f32,
     ) -> kvarn_status_t;
 }
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvarn_tail_state {
+    pub size: usize,
+    pub states: *mut ::std::os::raw::c_void,
+    pub slot_bytes: usize,
+    pub max_step_tokens: i32,
+    pub num_slots: i32,
+    pub slots: *const i32,
+}
+#[test]
+fn bindgen_test_layout_kvarn_tail_state() {
+    assert_eq!(
+        ::std::mem::size_of::<kvarn_tail_state>(),
+        40usize,
+        concat!("Size of: ", stringify!(kvarn_tail_state))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kvarn_tail_state>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kvarn_tail_state))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_states() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).states) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(states)
+            )
+        );
+    }
+    test_field_states();
+    fn test_field_slot_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).slot_bytes) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(slot_bytes)
+            )
+        );
+    }
+    test_field_slot_bytes();
+    fn test_field_max_step_tokens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_step_tokens) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(max_step_tokens)
+            )
+        );
+    }
+    test_field_max_step_tokens();
+    fn test_field_num_slots() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_slots) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(num_slots)
+            )
+        );
+    }
+    test_field_num_slots();
+    fn test_field_slots() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).slots) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(slots)
+            )
+        );
+    }
+    test_field_slots();
+}
+pub type kvarn_tail_state_t = kvarn_tail_state;
+extern "C" {
+    pub fn kvarn_tail_state_defaults(tail: *mut kvarn_tail_state_t);
+}
+extern "C" {
+    pub fn kvarn_tail_state_bytes(
+        config: *const kvarn_config_t,
+        num_kv_heads: i32,
+        max_step_tokens: i32,
+        out_bytes: *mut usize,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_append_tail_run(
+        context: *mut kvarn_context_t,
+        config: *const kvarn_config_t,
+        kv: *const kvarn_paged_kv_t,
+        tail: *const kvarn_tail_state_t,
+        launch: *const kvarn_launch_t,
+        token_indptr: *const i32,
+        max_tokens: usize,
+        dtype: kvarn_dtype_t,
+        k: *const ::std::os::raw::c_void,
+        v: *const ::std::os::raw::c_void,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_flush_tail_workspace_size(
+        config: *const kvarn_config_t,
+        num_kv_heads: i32,
+        batch: i32,
+        max_step_tokens: i32,
+        out_bytes: *mut usize,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_flush_tail_run(
+        context: *mut kvarn_context_t,
+        config: *const kvarn_config_t,
+        kv: *const kvarn_paged_kv_t,
+        tail: *const kvarn_tail_state_t,
+        launch: *const kvarn_launch_t,
+        committed: *const i32,
+        record_tiles_out: *mut i32,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_attention_tail_run(
+        context: *mut kvarn_context_t,
+        plan: *const kvarn_attention_plan_t,
+        kv: *const kvarn_paged_kv_t,
+        tail: *const kvarn_tail_state_t,
+        launch: *const kvarn_launch_t,
+        q_indptr: *const i32,
+        q: *const ::std::os::raw::c_void,
+        out: *mut ::std::os::raw::c_void,
+        lse: *mut f32,
+    ) -> kvarn_status_t;
+}
