@@ -6,6 +6,7 @@
 // CPU only; other backends refuse the calls.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -86,6 +87,7 @@ struct OnePool {
   int32_t& Entry(int b, int tile) { return table[static_cast<size_t>(b) * max_blocks + tile]; }
   // A block for each tile that tokens [lens, lens + n) touch (kept across a rollback).
   void Reserve(int b, int n) {
+    if (n <= 0) return;
     for (int64_t tile = lens[b] / G; tile <= (lens[b] + n - 1) / G; ++tile) {
       int32_t& e = Entry(b, static_cast<int>(tile));
       if (e >= 0) continue;
@@ -229,6 +231,169 @@ TEST(TailState, SpeculativeLoopMatchesTheManagedCache) {
   EXPECT_GT(flushed_tiles, 20);
   EXPECT_GT(rolled_back, 100);
   EXPECT_GT(finished, 3);
+}
+
+TEST(TailState, PrefixBlocksAreSharedMovedAndRecomputedBitForBit) {
+  // The engine operations of the one-pool model on three slots of one batch, all fed the same
+  // tokens and queries once aligned, attending in one call each step:
+  //   A: a request growing from 0 tokens;
+  //   B: a prefix-cache hit: its table names A's first blocks (sink included: sink 0), its slot
+  //      starts empty; it catches up with A's tokens past the prefix, then follows A;
+  //   C: A's blocks and slot copied to other block ids and another slot (a KV connector moving
+  //      the request), later preempted (released) and recomputed from A's token history.
+  // Every step the three sequences' outputs and lse are bit-equal; the shared blocks never
+  // change (no flush writes a block it does not own).
+  KVT_SEEDED_RNG(rng, 0);
+  auto ctx = kvt::MakeCpuContext(2);
+  const kvarn_config_t cfg = SinkFree();
+  const int G = cfg.tile_tokens;
+  OnePool pool(cfg, 8);
+  constexpr int A = 0, B = 2, C = 4;  // the other slots are padding (no tokens)
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  kvarn_attention_shape_t shape;
+  kvarn_attention_shape_defaults(&shape);
+  shape.batch = kBatch;
+  shape.num_kv_heads = kHk;
+  shape.max_blocks_per_seq = pool.max_blocks;
+  shape.max_q_per_seq = kMaxStep;
+  shape.max_total_q = kBatch * kMaxStep;
+  kvarn_attention_plan_t* raw_plan = nullptr;
+  KVT_ASSERT_OK(kvarn_attention_plan_create(ctx.get(), &cfg, &shape, &ap, &raw_plan));
+  std::unique_ptr<kvarn_attention_plan_t, PlanDeleter> plan(raw_plan);
+  size_t ws_bytes = 0;
+  KVT_ASSERT_OK(kvarn_paged_flush_tail_workspace_size(&cfg, kHk, kBatch, kMaxStep, &ws_bytes));
+  std::vector<uint8_t> ws(ws_bytes);
+  const size_t row = static_cast<size_t>(kHk) * kD;
+  std::vector<float> hist_k, hist_v;  // A's tokens, [n][Hk][D]
+
+  // One step: sequence b appends tokens [from, from + n[b]) of A's history (fresh tokens are
+  // drawn for A first); returns the outputs [token][Hq][D] and lse per sequence.
+  struct Result {
+    std::vector<std::vector<float>> out, lse;
+  };
+  const auto step = [&](const std::vector<int>& n, const std::vector<int64_t>& from, Result* r) {
+    std::vector<int32_t> indptr(kBatch + 1, 0);
+    for (int b = 0; b < kBatch; ++b) indptr[b + 1] = indptr[b] + n[b];
+    const size_t tokens = static_cast<size_t>(indptr[kBatch]);
+    std::vector<float> k(tokens * row), v(tokens * row);
+    const auto q1 = Random(rng, static_cast<size_t>(kMaxStep) * kHq * kD, 0.3);
+    std::vector<float> q(tokens * kHq * kD);
+    for (int b = 0; b < kBatch; ++b) {
+      for (int i = 0; i < n[b]; ++i) {
+        const size_t t = static_cast<size_t>(indptr[b]) + i, src = from[b] + i;
+        if (src * row >= hist_k.size()) {  // A's new token
+          const auto nk = Random(rng, row, 2.0), nv = Random(rng, row, 1.0);
+          hist_k.insert(hist_k.end(), nk.begin(), nk.end());
+          hist_v.insert(hist_v.end(), nv.begin(), nv.end());
+        }
+        std::copy_n(hist_k.data() + src * row, row, k.data() + t * row);
+        std::copy_n(hist_v.data() + src * row, row, v.data() + t * row);
+        // The query of position `src`: the same for every sequence at that position.
+        std::copy_n(q1.data() + static_cast<size_t>(i) * kHq * kD, kHq * kD,
+                    q.data() + t * kHq * kD);
+      }
+      pool.Reserve(b, n[b]);
+      pool.lens[b] += n[b];
+    }
+    kvarn_paged_kv_t kv = pool.View();
+    kvarn_tail_state_t tail = pool.Tail();
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    KVT_ASSERT_OK(kvarn_paged_append_tail_run(ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(),
+                                              tokens, KVARN_DTYPE_F32, k.data(), v.data()));
+    std::vector<float> out(static_cast<size_t>(shape.max_total_q) * kHq * kD),
+        lse(static_cast<size_t>(shape.max_total_q) * kHq);
+    KVT_ASSERT_OK(kvarn_paged_attention_tail_run(ctx.get(), plan.get(), &kv, &tail, &launch,
+                                                 indptr.data(), q.data(), out.data(), lse.data()));
+    r->out.assign(kBatch, {});
+    r->lse.assign(kBatch, {});
+    for (int b = 0; b < kBatch; ++b) {
+      r->out[b].assign(out.begin() + static_cast<size_t>(indptr[b]) * kHq * kD,
+                       out.begin() + static_cast<size_t>(indptr[b + 1]) * kHq * kD);
+      r->lse[b].assign(lse.begin() + static_cast<size_t>(indptr[b]) * kHq,
+                       lse.begin() + static_cast<size_t>(indptr[b + 1]) * kHq);
+    }
+    pool.committed = pool.lens;
+    launch.workspace = ws.data();
+    launch.workspace_bytes = ws.size();
+    KVT_ASSERT_OK(kvarn_paged_flush_tail_run(ctx.get(), &cfg, &kv, &tail, &launch,
+                                             pool.committed.data(), pool.rtiles.data()));
+  };
+  const auto grow = [&](int b, int64_t target) {  // b catches up with A's history
+    while (pool.lens[b] < target) {
+      std::vector<int> n(kBatch, 0);
+      std::vector<int64_t> from(kBatch, 0);
+      n[b] = static_cast<int>(std::min<int64_t>(kMaxStep, target - pool.lens[b]));
+      from[b] = pool.lens[b];
+      Result r;
+      step(n, from, &r);
+    }
+  };
+  // Copies sequence `src` into slot `dst` with fresh blocks (a KV connector moving it).
+  const auto move = [&](int src, int dst) {
+    pool.Release(dst);
+    for (int t = 0; t < pool.rtiles[src]; ++t) {
+      const int32_t to = pool.free_blocks.back();
+      pool.free_blocks.pop_back();
+      pool.Entry(dst, t) = to;
+      const size_t bytes = kHk * pool.record_stride;
+      std::memcpy(pool.records.data() + to * bytes,
+                  pool.records.data() + static_cast<size_t>(pool.Entry(src, t)) * bytes, bytes);
+    }
+    const size_t slot = pool.slot_bytes / 2;
+    std::copy_n(pool.states.begin() + pool.slots[src] * slot, slot,
+                pool.states.begin() + pool.slots[dst] * slot);
+    pool.lens[dst] = pool.lens[src];
+    pool.committed[dst] = pool.committed[src];
+    pool.rtiles[dst] = pool.rtiles[src];
+  };
+
+  grow(A, 200);  // 3 complete tiles (blocks) and 8 tail rows
+  ASSERT_EQ(pool.rtiles[A], 3);
+  // B: a prefix hit on A's 3 blocks.
+  for (int t = 0; t < 3; ++t) pool.Entry(B, t) = pool.Entry(A, t);
+  pool.lens[B] = pool.committed[B] = 3 * G;
+  pool.rtiles[B] = 3;
+  std::vector<std::vector<uint8_t>> prefix;
+  for (int t = 0; t < 3; ++t) {
+    const uint8_t* p =
+        pool.records.data() + static_cast<size_t>(pool.Entry(A, t)) * kHk * pool.record_stride;
+    prefix.emplace_back(p, p + kHk * pool.record_stride);
+  }
+  grow(B, 200);
+  move(A, C);
+  int compared = 0;
+  for (int s = 0; s < 120; ++s) {
+    if (s == 60) {  // C is preempted and recomputed from A's tokens
+      pool.Release(C);
+      const int64_t len = pool.lens[A];
+      grow(C, len);
+      ASSERT_EQ(pool.rtiles[C], pool.rtiles[A]);
+    }
+    const int n = static_cast<int>(rng.Int(1, kMaxStep));
+    std::vector<int> ns(kBatch, 0);
+    std::vector<int64_t> from(kBatch, 0);
+    for (int b : {A, B, C}) {
+      ns[b] = n;
+      from[b] = pool.lens[A];
+    }
+    Result r;
+    step(ns, from, &r);
+    for (int b : {B, C}) {
+      ASSERT_EQ(r.out[b], r.out[A]) << "step " << s << " sequence " << b;
+      ASSERT_EQ(r.lse[b], r.lse[A]) << "step " << s << " sequence " << b;
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, 120);
+  EXPECT_GE(pool.rtiles[A], 6);
+  for (int t = 0; t < 3; ++t) {
+    const uint8_t* p =
+        pool.records.data() + static_cast<size_t>(pool.Entry(A, t)) * kHk * pool.record_stride;
+    EXPECT_TRUE(std::equal(prefix[t].begin(), prefix[t].end(), p)) << "shared block " << t;
+  }
 }
 
 TEST(TailState, FaultsStayInTheirSequenceAndBadArgumentsAreRefused) {
