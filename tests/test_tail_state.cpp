@@ -45,12 +45,12 @@ kvarn_config_t SinkFree() {
 
 // One layer of the one-pool model and its per-sequence metadata (host memory: CPU context).
 struct OnePool {
-  OnePool(const kvarn_config_t& cfg, int max_blocks)
-      : cfg(cfg), G(cfg.tile_tokens), max_blocks(max_blocks) {
+  OnePool(const kvarn_config_t& cfg, int max_blocks, int max_step = kMaxStep)
+      : cfg(cfg), G(cfg.tile_tokens), max_blocks(max_blocks), max_step(max_step) {
     record_stride = kvt::RecordBytes(cfg);
     num_blocks = kBatch * max_blocks;
     records.assign(static_cast<size_t>(num_blocks) * kHk * record_stride, 0xA5);
-    EXPECT_EQ(kvarn_tail_state_bytes(&cfg, kHk, kMaxStep, &slot_bytes), KVARN_OK);
+    EXPECT_EQ(kvarn_tail_state_bytes(&cfg, kHk, max_step, &slot_bytes), KVARN_OK);
     states.assign(kBatch * slot_bytes / 2, 0x7e00);  // NaN: rows past a sequence are never read
     table.assign(static_cast<size_t>(kBatch) * max_blocks, -1);  // -1: no block yet
     lens.assign(kBatch, 0);
@@ -79,7 +79,7 @@ struct OnePool {
     kvarn_tail_state_defaults(&t);
     t.states = states.data();
     t.slot_bytes = slot_bytes;
-    t.max_step_tokens = kMaxStep;
+    t.max_step_tokens = max_step;
     t.num_slots = kBatch;
     t.slots = slots.data();
     return t;
@@ -105,7 +105,7 @@ struct OnePool {
   }
 
   kvarn_config_t cfg;
-  int G, max_blocks, num_blocks;
+  int G, max_blocks, max_step, num_blocks;
   size_t record_stride, slot_bytes = 0;
   std::vector<uint8_t> records;
   std::vector<uint16_t> states;
@@ -231,6 +231,114 @@ TEST(TailState, SpeculativeLoopMatchesTheManagedCache) {
   EXPECT_GT(flushed_tiles, 20);
   EXPECT_GT(rolled_back, 100);
   EXPECT_GT(finished, 3);
+}
+
+TEST(TailState, ChunkedPrefillMixedWithDecodeMatchesTheManagedCache) {
+  // Slots sized for 64 tokens a step: each new request prefills a 100..300-token prompt in
+  // chunks of up to 64 tokens while the other sequences decode one token a step, all in one
+  // extend call per step (append, flush, attention); a request finishes after 20..60 decoded
+  // tokens and a new prompt takes its slot. Against the managed cache doing the same appends:
+  // outputs and lse bit-equal.
+  KVT_SEEDED_RNG(rng, 0);
+  auto ctx = kvt::MakeCpuContext(2);
+  const kvarn_config_t cfg = SinkFree();
+  constexpr int kChunk = 64;
+  const int G = cfg.tile_tokens, max_len = 360, max_blocks = max_len / G + 2;
+  OnePool pool(cfg, max_blocks, kChunk);
+  kvarn_cache_options_t opt;
+  kvarn_cache_options_defaults(&opt);
+  opt.config = cfg;
+  opt.num_layers = 1;
+  opt.num_kv_heads = kHk;
+  opt.max_tokens = kBatch * (max_len + 2 * G);
+  opt.max_sequences = kBatch;
+  kvarn_cache_t* raw_cache = nullptr;
+  KVT_ASSERT_OK(kvarn_cache_create(ctx.get(), &opt, &raw_cache));
+  std::unique_ptr<kvarn_cache_t, CacheDeleter> cache(raw_cache);
+  std::vector<int64_t> ids(kBatch), prompt(kBatch), target(kBatch);
+  int64_t next_id = 1;
+  const auto start = [&](int b) {
+    ids[b] = next_id++;
+    prompt[b] = rng.Int(100, 300);
+    target[b] = prompt[b] + rng.Int(20, 60);
+    return kvarn_cache_add_sequence(cache.get(), ids[b]);
+  };
+  for (int b = 0; b < kBatch; ++b) KVT_ASSERT_OK(start(b));
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  kvarn_attention_shape_t shape;
+  kvarn_attention_shape_defaults(&shape);
+  shape.batch = kBatch;
+  shape.num_kv_heads = kHk;
+  shape.max_blocks_per_seq = max_blocks;
+  shape.max_q_per_seq = kChunk;
+  shape.max_total_q = kBatch * kChunk;
+  kvarn_attention_plan_t* raw_plan = nullptr;
+  KVT_ASSERT_OK(kvarn_attention_plan_create(ctx.get(), &cfg, &shape, &ap, &raw_plan));
+  std::unique_ptr<kvarn_attention_plan_t, PlanDeleter> plan(raw_plan);
+  size_t ws_bytes = 0;
+  KVT_ASSERT_OK(kvarn_paged_flush_tail_workspace_size(&cfg, kHk, kBatch, kChunk, &ws_bytes));
+  std::vector<uint8_t> ws(ws_bytes);
+  int mixed_steps = 0, finished = 0;
+  for (int step = 0; step < 200; ++step) {
+    for (int b = 0; b < kBatch; ++b) {
+      if (pool.lens[b] < target[b]) continue;
+      pool.Release(b);
+      KVT_ASSERT_OK(kvarn_cache_remove_sequence(cache.get(), ids[b]));
+      KVT_ASSERT_OK(start(b));
+      ++finished;
+    }
+    std::vector<int32_t> indptr(kBatch + 1, 0), n_new(kBatch);
+    int prefilling = 0;
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t left = prompt[b] - pool.lens[b];
+      n_new[b] = left > 0 ? static_cast<int32_t>(std::min<int64_t>(left, rng.Int(1, kChunk))) : 1;
+      prefilling += left > 0;
+      indptr[b + 1] = indptr[b] + n_new[b];
+    }
+    mixed_steps += prefilling > 0 && prefilling < kBatch;
+    const size_t tokens = static_cast<size_t>(indptr[kBatch]);
+    const auto k = Random(rng, tokens * kHk * kD, 2.0), v = Random(rng, tokens * kHk * kD, 1.0);
+    const auto q = Random(rng, tokens * kHq * kD, 0.3);
+    for (int b = 0; b < kBatch; ++b) {
+      pool.Reserve(b, n_new[b]);
+      pool.lens[b] += n_new[b];
+    }
+    kvarn_paged_kv_t kv = pool.View();
+    kvarn_tail_state_t tail = pool.Tail();
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    KVT_ASSERT_OK(kvarn_paged_append_tail_run(ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(),
+                                              tokens, KVARN_DTYPE_F32, k.data(), v.data()));
+    // The tokens are committed at once: flush before attention, which then reads this step's
+    // completed tiles as records, as the managed cache does.
+    pool.committed = pool.lens;
+    launch.workspace = ws.data();
+    launch.workspace_bytes = ws.size();
+    KVT_ASSERT_OK(kvarn_paged_flush_tail_run(ctx.get(), &cfg, &kv, &tail, &launch,
+                                             pool.committed.data(), pool.rtiles.data()));
+    std::vector<float> out(static_cast<size_t>(shape.max_total_q) * kHq * kD),
+        lse(static_cast<size_t>(shape.max_total_q) * kHq);
+    KVT_ASSERT_OK(kvarn_paged_attention_tail_run(ctx.get(), plan.get(), &kv, &tail, &launch,
+                                                 indptr.data(), q.data(), out.data(), lse.data()));
+    for (int b = 0; b < kBatch; ++b) {
+      ASSERT_EQ(pool.rtiles[b], pool.lens[b] / G);
+      KVT_ASSERT_OK(kvarn_cache_append(cache.get(), ids[b], 0, n_new[b], KVARN_DTYPE_F32,
+                                       k.data() + static_cast<size_t>(indptr[b]) * kHk * kD,
+                                       v.data() + static_cast<size_t>(indptr[b]) * kHk * kD,
+                                       KVARN_APPEND_DEFAULT));
+    }
+    std::vector<float> ref_out(out.size()), ref_lse(lse.size());
+    kvarn_attention_params_t cap = ap;
+    cap.q_indptr = indptr.data();
+    KVT_ASSERT_OK(kvarn_cache_attention(cache.get(), 0, kBatch, ids.data(), &cap, q.data(),
+                                        ref_out.data(), ref_lse.data()));
+    ASSERT_EQ(std::memcmp(out.data(), ref_out.data(), tokens * kHq * kD * 4), 0) << "step " << step;
+    ASSERT_EQ(std::memcmp(lse.data(), ref_lse.data(), tokens * kHq * 4), 0) << "step " << step;
+  }
+  EXPECT_GT(mixed_steps, 20);
+  EXPECT_GT(finished, 5);
 }
 
 TEST(TailState, PrefixBlocksAreSharedMovedAndRecomputedBitForBit) {

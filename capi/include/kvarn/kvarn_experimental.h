@@ -120,7 +120,11 @@ KVARN_API kvarn_status_t kvarn_paged_flush_tail_workspace_size(const kvarn_confi
  * Data errors of a sequence: committed[b] outside [record_tiles[b] * G, seq_lens[b]], a table
  * entry outside the record pool, a slot outside the slots or holding more than cap rows, a
  * scale beyond fp16; such a sequence keeps its slot, blocks and record_tiles_out[b] =
- * record_tiles[b]. Workspace: kvarn_paged_flush_tail_workspace_size bytes. */
+ * record_tiles[b]. Workspace: kvarn_paged_flush_tail_workspace_size bytes.
+ * It may run before attention (tokens committed at once, e.g. a prefill chunk: attention then
+ * reads the completed tiles as records) or after it (speculative tokens: the committed lengths
+ * are known after verification); attention gives the same result either way up to the
+ * quantization of the tiles it reads as records. */
 KVARN_API kvarn_status_t kvarn_paged_flush_tail_run(
     kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
     const kvarn_tail_state_t* tail, const kvarn_launch_t* launch, const int32_t* committed,
