@@ -41,6 +41,7 @@
 
 #include "core/status.h"
 #include "kvarn/kvarn.h"
+#include "kvarn/kvarn_experimental.h"
 
 namespace kvarn {
 
@@ -120,9 +121,12 @@ template <>
 struct AbiStruct<kvarn_launch_t> {
   using T = kvarn_launch_t;
   static constexpr size_t kMinSize = sizeof(size_t);
-  static constexpr AbiField kFields[] = {KVARN_ABI_FIELD(T, stream), KVARN_ABI_FIELD(T, seq_status),
-                                         KVARN_ABI_FIELD(T, workspace),
-                                         KVARN_ABI_FIELD(T, workspace_bytes)};
+  static constexpr AbiField kFields[] = {
+      KVARN_ABI_FIELD(T, stream),       KVARN_ABI_FIELD(T, seq_status),
+      KVARN_ABI_FIELD(T, workspace),    KVARN_ABI_FIELD(T, workspace_bytes),
+      KVARN_ABI_FIELD(T, q_row_stride), KVARN_ABI_FIELD(T, k_row_stride),
+      KVARN_ABI_FIELD(T, v_row_stride), KVARN_ABI_FIELD(T, out_row_stride),
+      KVARN_ABI_FIELD(T, index_type)};
 };
 
 template <>
@@ -133,6 +137,15 @@ struct AbiStruct<kvarn_attention_shape_t> {
       KVARN_ABI_FIELD(T, batch), KVARN_ABI_FIELD(T, num_kv_heads),
       KVARN_ABI_FIELD(T, max_blocks_per_seq), KVARN_ABI_FIELD(T, max_q_per_seq),
       KVARN_ABI_FIELD(T, max_total_q)};
+};
+
+template <>
+struct AbiStruct<kvarn_tail_state_t> {
+  using T = kvarn_tail_state_t;
+  static constexpr size_t kMinSize = sizeof(size_t);
+  static constexpr AbiField kFields[] = {KVARN_ABI_FIELD(T, states), KVARN_ABI_FIELD(T, slot_bytes),
+                                         KVARN_ABI_FIELD(T, max_step_tokens),
+                                         KVARN_ABI_FIELD(T, num_slots), KVARN_ABI_FIELD(T, slots)};
 };
 
 template <>

@@ -32,6 +32,14 @@ struct PagedKV {
   int max_blocks_per_seq = 0;
   const int32_t* seq_lens = nullptr;
   const int32_t* record_tiles = nullptr;
+  // The per-request tail state (kvarn_experimental.h), or tail_states NULL: tiles past
+  // record_tiles[b] are rows of slot tail_slots[b] ([2][Hk][tail_cap][D] halves, K then V,
+  // tail_slot_elems halves apart) instead of pages, and there is no sink (sink_tiles 0).
+  uint16_t* tail_states = nullptr;
+  size_t tail_slot_elems = 0;
+  int tail_cap = 0;
+  int num_tail_slots = 0;
+  const int32_t* tail_slots = nullptr;
 };
 
 struct AttentionArgs {
@@ -41,6 +49,10 @@ struct AttentionArgs {
   kvarn_dtype_t q_dtype = KVARN_DTYPE_F32;
   kvarn_dtype_t out_dtype = KVARN_DTYPE_F32;
   int num_splits = 0;
+  // Elements between the tokens of q and out, resolved (>= Hq * D; Hq * D when dense): set by
+  // ParseAttentionParams to dense and by the run call from its launch.
+  int64_t q_row_stride = 0;
+  int64_t out_row_stride = 0;
 };
 
 // Where a capturable (*_run) call executes: a validated kvarn_launch_t.
@@ -49,7 +61,18 @@ struct LaunchArgs {
   int32_t* seq_status = nullptr;  // [batch] per-sequence status, or NULL (whole-call errors)
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
+  // Elements between the tokens of k and v (append): 0 as parsed (dense), resolved to >= Hk * D
+  // by OpPagedAppendRun before the backend sees them. q and out strides travel in AttentionArgs.
+  int64_t q_row_stride = 0, k_row_stride = 0, v_row_stride = 0, out_row_stride = 0;
+  // slot_mapping (append) and src_pages, dst_blocks, tile_seqs (flush) hold int64, not int32
+  // (the pointers keep their int32_t* type; read them with IndexAt).
+  bool index64 = false;
 };
+
+// Entry i of a slot or flush list of the launch's index type (host memory).
+inline int64_t IndexAt(const int32_t* list, bool index64, size_t i) {
+  return index64 ? reinterpret_cast<const int64_t*>(list)[i] : list[i];
+}
 
 // The shape an attention plan is made for (a validated kvarn_attention_shape_t).
 struct AttentionShape {
@@ -140,6 +163,16 @@ struct BackendOps {
                                 const AttentionShape& shape, const AttentionArgs& args,
                                 const AttentionPlan& plan, const LaunchArgs& launch,
                                 const int32_t* q_indptr, const void* q, void* out, float* lse);
+
+  // The per-request tail state (kvarn_experimental.h; kv.tail_states set). NULL where the
+  // backend lacks it: the core then refuses every tail-state call, attention included.
+  Status (*paged_append_tail_run)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                  const LaunchArgs& launch, const int32_t* token_indptr,
+                                  size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                                  const void* v);
+  Status (*paged_flush_tail_run)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                 const LaunchArgs& launch, const int32_t* committed,
+                                 int32_t* record_tiles_out);
 };
 
 struct Context {

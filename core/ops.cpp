@@ -180,6 +180,7 @@ Status ParseAttentionParams(const kvarn_attention_params_t* params_in, const Con
   a.q_dtype = in->q_dtype;
   a.out_dtype = in->out_dtype;
   a.num_splits = in->num_splits;
+  a.q_row_stride = a.out_row_stride = static_cast<int64_t>(a.num_q_heads) * cfg.D;
   *out = a;
   return Status::Ok();
 }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include "core/backend.h"
+#include "kvarn/kvarn_experimental.h"
 
 namespace kvarn {
 
@@ -28,6 +29,20 @@ Status OpPagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv,
 Status OpPagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
                        size_t max_tiles, const int32_t* n_tiles, const int32_t* src_pages,
                        const int32_t* dst_blocks, const int32_t* tile_seqs);
+// The per-request tail state (kvarn_experimental.h). Rows of one slot for a config and step.
+int64_t TailCap(const Config& cfg, int max_step_tokens);
+Status TailStateBytes(const Config& cfg, int num_kv_heads, int max_step_tokens, size_t* out);
+Status FlushTailWorkspaceBytes(const Config& cfg, int num_kv_heads, int batch, int max_step_tokens,
+                               size_t* out);
+// Fills kv's tail fields from *in (kv's num_kv_heads and batch set).
+Status ParseTailState(const kvarn_tail_state_t* in, const Config& cfg, PagedKV* kv);
+Status OpPagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                            const LaunchArgs& launch, const int32_t* token_indptr,
+                            size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v);
+Status OpPagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                           const LaunchArgs& launch, const int32_t* committed,
+                           int32_t* record_tiles_out);
+// kv.tail_states set: refused unless the backend has the tail state.
 Status OpPagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                            const AttentionShape& shape, const AttentionArgs& args,
                            const AttentionPlan& plan, const LaunchArgs& launch,

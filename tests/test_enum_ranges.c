@@ -64,6 +64,7 @@ int main(void) {
     kvarn_context_t* c2 = NULL;
     kvarn_attention_params_t ap;
     kvarn_paged_kv_t kv;
+    kvarn_launch_t launch;
     int32_t zero = 0, indptr[2] = {0, 0};
     int64_t id = 1;
 
@@ -112,6 +113,11 @@ int main(void) {
     /* Issue 28, defect 3: the slot-mapped append copied its dtype before checking it. */
     EXPECT_STATUS(
         kvarn_paged_append_run(ctx, &cfg, &kv, NULL, indptr, &zero, 1, (kvarn_dtype_t)b, k, v),
+        KVARN_ERR_INVALID_ARGUMENT);
+    kvarn_launch_defaults(&launch);
+    launch.index_type = (kvarn_index_type_t)b; /* every bad value is outside {INT32, INT64} */
+    EXPECT_STATUS(
+        kvarn_paged_append_run(ctx, &cfg, &kv, &launch, indptr, &zero, 1, KVARN_DTYPE_F32, k, v),
         KVARN_ERR_INVALID_ARGUMENT);
 
     kvarn_attention_params_defaults(&ap);

@@ -4,7 +4,9 @@
 // per-sequence faults stay in their sequence; argument errors are refused up front.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -12,8 +14,10 @@
 
 #include "kvarn/kvarn.h"
 #include "support/decode_loop.h"
+#include "support/fp.h"
 #include "support/gpu_test.h"
 #include "support/kvarn_test.h"
+#include "support/reference.h"
 
 namespace {
 
@@ -733,6 +737,356 @@ TEST_P(PagedRun, AppendAndFlushReadNoTables) {
     EXPECT_EQ(before[off], kvt::kPoisonHalf);
     EXPECT_NE(after[off], kvt::kPoisonHalf) << "sequence " << b;
   }
+}
+
+// ---- Layouts an engine passes as they are: strided token rows, int64 lists (issue 23) ----------
+
+std::vector<int64_t> Wide(const std::vector<int32_t>& x) { return {x.begin(), x.end()}; }
+
+// The strided and the dense call agree: bit for bit on the CPU; on a GPU within the tensor-core
+// kernel's error (kvarn.h: dense q/out may take the tensor-core kernels, strided ones take the
+// general kernel, whose fp32 arithmetic is not the same).
+::testing::AssertionResult SameAttention(kvarn_backend_t backend, const std::vector<double>& got,
+                                         const std::vector<double>& want) {
+  if (got.size() != want.size()) return ::testing::AssertionFailure() << "sizes differ";
+  if (backend == KVARN_BACKEND_CPU) {
+    for (size_t i = 0; i < got.size(); ++i) {
+      if (got[i] != want[i]) {
+        return ::testing::AssertionFailure()
+               << "element " << i << ": " << got[i] << " vs " << want[i];
+      }
+    }
+    return ::testing::AssertionSuccess();
+  }
+  const double err = kvt::RelL2(got, want);
+  if (err <= 1e-2) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative L2 error " << err << " > 1e-2";
+}
+
+TEST_P(PagedRun, StridedRowsAndInt64ListsMatchTheDenseStep) {
+  // 300 decode steps of 12 slots, twice: dense int32 (RunStep), and with q, k, v as views of one
+  // fused qkv buffer ([B][(Hq + 2 Hk) D], vLLM's qkv projection), out as rows of a wider buffer,
+  // and slot_mapping and the flush lists as int64. Pools agree bit for bit, outputs and lse too
+  // on the CPU (GPU: SameAttention); the out buffer's gap columns are never written.
+  KVT_SEEDED_RNG(rng, 0);
+  kvt::DecodeLoopSpec spec;
+  spec.batch = 12;
+  spec.min_len = 130;
+  spec.max_len = 250;
+  spec.idle_prob = 0.2;
+  kvt::DecodeLoop loop(cfg_, spec, rng.Next());
+  const int B = loop.batch();
+  constexpr int kQ = kHq * kD, kK = kHk * kD;
+  constexpr int kQkvRow = kQ + 2 * kK, kOutRow = kQ + 40;
+  Layer dense(ctx_.get(), cfg_, loop), strided(ctx_.get(), cfg_, loop);
+  Step sd(ctx_.get(), loop), ss(ctx_.get(), loop);
+  DeviceBuffer qkv(ctx_.get(), static_cast<size_t>(B) * kQkvRow * 4),
+      wide_out(ctx_.get(), std::vector<float>(static_cast<size_t>(B) * kOutRow, 7.f)),
+      slots64(ctx_.get(), B * 8), src64(ctx_.get(), B * 8), dst64(ctx_.get(), B * 8),
+      seq64(ctx_.get(), B * 8);
+  PlanPtr plan = MakeDecodePlan(loop);
+  ASSERT_TRUE(plan);
+  DeviceBuffer flush_ws(ctx_.get(), FlushWorkspace(loop));
+  DeviceBuffer attn_ws(ctx_.get(), AttentionWorkspace(plan.get()));
+  int flushes = 0;
+  for (int step = 0; step < 300; ++step) {
+    kvt::StepMeta m;
+    loop.Next(&m);
+    const auto k = Random(rng, static_cast<size_t>(B) * kK, 2.0);
+    const auto v = Random(rng, k.size(), 1.0);
+    const auto q = Random(rng, static_cast<size_t>(B) * kQ, 0.3);
+    sd.Upload(m);
+    sd.k.Upload(k);
+    sd.v.Upload(v);
+    sd.q.Upload(q);
+    RunStep(dense, sd, loop, plan.get(), flush_ws, attn_ws, true);
+    flushes += m.n_flush[0] > 0;
+
+    std::vector<float> fused(static_cast<size_t>(B) * kQkvRow);
+    for (int b = 0; b < B; ++b) {
+      float* row = fused.data() + static_cast<size_t>(b) * kQkvRow;
+      std::copy_n(q.data() + static_cast<size_t>(b) * kQ, kQ, row);
+      std::copy_n(k.data() + static_cast<size_t>(b) * kK, kK, row + kQ);
+      std::copy_n(v.data() + static_cast<size_t>(b) * kK, kK, row + kQ + kK);
+    }
+    qkv.Upload(fused);
+    ss.Upload(m);
+    slots64.Upload(Wide(m.slot_mapping));
+    src64.Upload(Wide(m.flush_src));
+    dst64.Upload(Wide(m.flush_dst));
+    seq64.Upload(Wide(m.flush_seq));
+    kvarn_paged_kv_t kv = View(strided, ss, loop);
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    launch.seq_status = static_cast<int32_t*>(ss.status.get());
+    launch.q_row_stride = launch.k_row_stride = launch.v_row_stride = kQkvRow;
+    launch.out_row_stride = kOutRow;
+    launch.index_type = KVARN_INDEX_INT64;
+    const auto* base = static_cast<const float*>(qkv.get());
+    KVT_ASSERT_OK(kvarn_paged_append_run(
+        ctx_.get(), &cfg_, &kv, &launch, static_cast<const int32_t*>(ss.token_indptr.get()),
+        static_cast<const int32_t*>(slots64.get()), B, KVARN_DTYPE_F32, base + kQ, base + kQ + kK));
+    launch.workspace = flush_ws.get();
+    launch.workspace_bytes = flush_ws.bytes();
+    KVT_ASSERT_OK(kvarn_paged_flush_run(
+        ctx_.get(), &cfg_, &kv, &launch, B, static_cast<const int32_t*>(ss.n_flush.get()),
+        static_cast<const int32_t*>(src64.get()), static_cast<const int32_t*>(dst64.get()),
+        static_cast<const int32_t*>(seq64.get())));
+    launch.workspace = attn_ws.get();
+    launch.workspace_bytes = attn_ws.bytes();
+    KVT_ASSERT_OK(kvarn_paged_attention_run(ctx_.get(), plan.get(), &kv, &launch, nullptr, base,
+                                            wide_out.get(), static_cast<float*>(ss.lse.get())));
+    KVT_ASSERT_OK(kvarn_context_synchronize(ctx_.get()));
+
+    const auto want = sd.out.Download<float>(), got = wide_out.Download<float>();
+    for (int b = 0; b < B; ++b) {
+      const float* row = got.data() + static_cast<size_t>(b) * kOutRow;
+      const float* ref = want.data() + static_cast<size_t>(b) * kQ;
+      ASSERT_TRUE(SameAttention(GetParam(), {row, row + kQ}, {ref, ref + kQ}))
+          << "step " << step << " slot " << b;
+      for (int c = kQ; c < kOutRow; ++c) ASSERT_EQ(row[c], 7.f) << "a gap column was written";
+    }
+    const auto lse_got = ss.lse.Download<float>(), lse_want = sd.lse.Download<float>();
+    for (size_t r = 0; r < lse_want.size(); ++r) {
+      if (GetParam() == KVARN_BACKEND_CPU || std::isinf(lse_want[r])) {
+        ASSERT_EQ(lse_got[r], lse_want[r]) << "step " << step << " row " << r;
+      } else {
+        ASSERT_NEAR(lse_got[r], lse_want[r], 1e-2) << "step " << step << " row " << r;
+      }
+    }
+    ASSERT_EQ(ss.status.Download<int32_t>(), std::vector<int32_t>(B, 0)) << "step " << step;
+  }
+  EXPECT_GT(flushes, 3);
+  EXPECT_EQ(strided.records.Download<uint8_t>(), dense.records.Download<uint8_t>());
+  EXPECT_EQ(strided.k_pages.Download<uint8_t>(), dense.k_pages.Download<uint8_t>());
+  EXPECT_EQ(strided.v_pages.Download<uint8_t>(), dense.v_pages.Download<uint8_t>());
+}
+
+TEST_P(PagedRun, StridedExtendMatchesTheDenseExtend) {
+  // An extend plan over a ragged batch, q and out rows spaced wider than dense (fp16 q, bf16
+  // out): the same outputs as the dense call (SameAttention), and the gaps and rows past
+  // q_indptr[batch] keep what they held.
+  KVT_SEEDED_RNG(rng, 0);
+  kvt::PagedCacheSpec spec;
+  spec.num_kv_heads = kHk;
+  spec.lens = {300, 41, 777, 129};
+  spec.flush_lag = 1;
+  kvt::PagedCache pc;
+  auto cpu = kvt::MakeCpuContext();
+  ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg_, spec, rng, &pc));
+  const std::vector<int32_t> q_indptr = {0, 33, 34, 60, 80};
+  const int64_t rows = 90;
+  constexpr int kQ = kHq * kD, kQStride = kQ + 8 * kD, kOutStride = kQ + 24;
+  DeviceBuffer records(ctx_.get(), pc.records), k_pages(ctx_.get(), pc.k_pages),
+      v_pages(ctx_.get(), pc.v_pages), table(ctx_.get(), pc.block_table),
+      lens(ctx_.get(), pc.seq_lens), rtiles(ctx_.get(), pc.record_tiles),
+      d_indptr(ctx_.get(), q_indptr);
+  kvarn_paged_kv_t kv = pc.View();
+  kv.records = records.get();
+  kv.k_pages = k_pages.get();
+  kv.v_pages = v_pages.get();
+  kv.block_table = static_cast<const int32_t*>(table.get());
+  kv.seq_lens = static_cast<const int32_t*>(lens.get());
+  kv.record_tiles = static_cast<const int32_t*>(rtiles.get());
+  std::vector<uint16_t> q_dense(static_cast<size_t>(rows) * kQ),
+      q_wide(static_cast<size_t>(rows) * kQStride, 0x7e00);  // NaN in the gaps: never read
+  for (size_t r = 0; r < static_cast<size_t>(rows); ++r) {
+    for (int c = 0; c < kQ; ++c) {
+      const uint16_t h = kvt::FloatToHalf(static_cast<float>(0.3 * rng.Normal()));
+      q_dense[r * kQ + c] = h;
+      q_wide[r * kQStride + c] = h;
+    }
+  }
+  DeviceBuffer dq(ctx_.get(), q_dense), dq_wide(ctx_.get(), q_wide),
+      out_dense(ctx_.get(), std::vector<uint16_t>(static_cast<size_t>(rows) * kQ, 0x1234)),
+      out_wide(ctx_.get(), std::vector<uint16_t>(static_cast<size_t>(rows) * kOutStride, 0x1234));
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  ap.q_dtype = KVARN_DTYPE_F16;
+  ap.out_dtype = KVARN_DTYPE_BF16;
+  kvarn_attention_shape_t shape;
+  kvarn_attention_shape_defaults(&shape);
+  shape.batch = pc.batch;
+  shape.num_kv_heads = kHk;
+  shape.max_blocks_per_seq = pc.max_blocks;
+  shape.max_q_per_seq = 40;
+  shape.max_total_q = rows;
+  kvarn_attention_plan_t* raw = nullptr;
+  KVT_ASSERT_OK(kvarn_attention_plan_create(ctx_.get(), &cfg_, &shape, &ap, &raw));
+  PlanPtr plan(raw);
+  DeviceBuffer ws(ctx_.get(), AttentionWorkspace(plan.get()));
+  kvarn_launch_t launch;
+  kvarn_launch_defaults(&launch);
+  launch.workspace = ws.get();
+  launch.workspace_bytes = ws.bytes();
+  const auto* ip = static_cast<const int32_t*>(d_indptr.get());
+  KVT_ASSERT_OK(kvarn_paged_attention_run(ctx_.get(), plan.get(), &kv, &launch, ip, dq.get(),
+                                          out_dense.get(), nullptr));
+  launch.q_row_stride = kQStride;
+  launch.out_row_stride = kOutStride;
+  KVT_ASSERT_OK(kvarn_paged_attention_run(ctx_.get(), plan.get(), &kv, &launch, ip, dq_wide.get(),
+                                          out_wide.get(), nullptr));
+  const auto a = out_dense.Download<uint16_t>(), b = out_wide.Download<uint16_t>();
+  const size_t used = static_cast<size_t>(q_indptr.back());
+  std::vector<double> got, want;
+  for (size_t r = 0; r < static_cast<size_t>(rows); ++r) {
+    for (int c = 0; c < kOutStride; ++c) {
+      const uint16_t x = b[r * kOutStride + c];
+      if (r < used && c < kQ) {
+        got.push_back(kvt::Bf16ToFloat(x));
+        want.push_back(kvt::Bf16ToFloat(a[r * kQ + c]));
+      } else {
+        ASSERT_EQ(x, 0x1234) << "row " << r << " column " << c << " was written";
+      }
+    }
+  }
+  EXPECT_TRUE(SameAttention(GetParam(), got, want));
+}
+
+TEST_P(PagedRun, FinishedRequestsFlushWithoutASequence) {
+  // tile_seqs[i] = -1: a flush entry of a request that has left the batch (its last tile, kept
+  // for prefix caching). It is flushed whatever the status array holds (here its old slot is
+  // already faulted), and writes the same record as a host-list flush; a fault of such an entry
+  // cannot go to a status entry, so it fails the whole call, which then writes nothing.
+  KVT_SEEDED_RNG(rng, 0);
+  kvt::DecodeLoopSpec spec;
+  spec.batch = 6;
+  spec.idle_prob = 0.0;
+  kvt::DecodeLoop loop(cfg_, spec, rng.Next());
+  Layer L(ctx_.get(), cfg_, loop);
+  Step s(ctx_.get(), loop);
+  const int G = cfg_.tile_tokens, B = loop.batch();
+  // Two complete pages of random tokens, written through the codec's input path (append).
+  kvarn_paged_kv_t kv = View(L, s, loop);
+  std::vector<int32_t> indptr = {0, 2 * G}, slots(2 * G);
+  for (int t = 0; t < 2 * G; ++t) slots[t] = t;  // pages 0 and 1
+  DeviceBuffer d_indptr(ctx_.get(), indptr), d_slots(ctx_.get(), slots),
+      k(ctx_.get(), Random(rng, static_cast<size_t>(2 * G) * kHk * kD, 1.0)),
+      v(ctx_.get(), Random(rng, static_cast<size_t>(2 * G) * kHk * kD, 1.0));
+  kvarn_paged_kv_t one = kv;
+  one.batch = 1;
+  KVT_ASSERT_OK(kvarn_paged_append_run(
+      ctx_.get(), &cfg_, &one, nullptr, static_cast<const int32_t*>(d_indptr.get()),
+      static_cast<const int32_t*>(d_slots.get()), 2 * G, KVARN_DTYPE_F32, k.get(), v.get()));
+  // Entry 0: page 0 -> block 3, no sequence; entry 1: page 1 -> block 4, sequence 2.
+  std::vector<int32_t> status0(B, 0);
+  status0[0] = KVARN_ERR_CAPACITY;  // the finished request's old slot, already reused and faulted
+  s.status.Upload(status0);
+  DeviceBuffer n(ctx_.get(), std::vector<int32_t>{2}), src(ctx_.get(), std::vector<int32_t>{0, 1}),
+      dst(ctx_.get(), std::vector<int32_t>{3, 4}), seqs(ctx_.get(), std::vector<int32_t>{-1, 2});
+  DeviceBuffer ws(ctx_.get(), FlushWorkspace(loop));
+  kvarn_launch_t launch;
+  kvarn_launch_defaults(&launch);
+  launch.seq_status = static_cast<int32_t*>(s.status.get());
+  launch.workspace = ws.get();
+  launch.workspace_bytes = ws.bytes();
+  const auto flush = [&] {
+    return kvarn_paged_flush_run(
+        ctx_.get(), &cfg_, &kv, &launch, B, static_cast<const int32_t*>(n.get()),
+        static_cast<const int32_t*>(src.get()), static_cast<const int32_t*>(dst.get()),
+        static_cast<const int32_t*>(seqs.get()));
+  };
+  const auto before = L.records.Download<uint8_t>();
+  KVT_ASSERT_OK(flush());
+  KVT_ASSERT_OK(kvarn_context_synchronize(ctx_.get()));
+  EXPECT_EQ(s.status.Download<int32_t>(), status0);
+  // The same records through the host-list flush, on a copy of the pools.
+  Layer ref(ctx_.get(), cfg_, loop);
+  ref.k_pages.Upload(L.k_pages.Download<uint8_t>());
+  ref.v_pages.Upload(L.v_pages.Download<uint8_t>());
+  kvarn_paged_kv_t rkv = View(ref, s, loop);
+  const int32_t hsrc[2] = {0, 1}, hdst[2] = {3, 4};
+  KVT_ASSERT_OK(kvarn_paged_flush(ctx_.get(), &cfg_, &rkv, 2, hsrc, hdst));
+  const auto got = L.records.Download<uint8_t>();
+  EXPECT_EQ(got, ref.records.Download<uint8_t>());
+  EXPECT_NE(got, before);
+
+  // A bad ownerless entry (block outside the pool) fails the call: nothing is written, no
+  // status entry changes.
+  L.records.Upload(before);
+  dst.Upload(std::vector<int32_t>{loop.num_blocks() + 5, 4});
+  const kvarn_status_t st = flush();
+  if (GetParam() == KVARN_BACKEND_CPU) {
+    EXPECT_TRUE(IsError(st, KVARN_ERR_INVALID_ARGUMENT, "outside its pool"));
+  } else {
+    KVT_EXPECT_OK(st);
+    EXPECT_TRUE(IsError(kvarn_context_synchronize(ctx_.get()), KVARN_ERR_INVALID_ARGUMENT, ""));
+  }
+  EXPECT_EQ(L.records.Download<uint8_t>(), before);
+  EXPECT_EQ(s.status.Download<int32_t>(), status0);
+  // -2 is not a sequence either.
+  dst.Upload(std::vector<int32_t>{3, 4});
+  seqs.Upload(std::vector<int32_t>{-2, 2});
+  const kvarn_status_t st2 = flush();
+  if (GetParam() == KVARN_BACKEND_CPU) {
+    EXPECT_TRUE(IsError(st2, KVARN_ERR_INVALID_ARGUMENT, "tile_seqs"));
+  } else {
+    KVT_EXPECT_OK(st2);
+    EXPECT_TRUE(
+        IsError(kvarn_context_synchronize(ctx_.get()), KVARN_ERR_INVALID_ARGUMENT, "tile_seqs"));
+  }
+  EXPECT_EQ(L.records.Download<uint8_t>(), before);
+}
+
+TEST_P(PagedRun, LayoutArgumentErrorsAreRefusedUpFront) {
+  KVT_SEEDED_RNG(rng, 0);
+  kvt::DecodeLoopSpec spec;
+  spec.batch = 4;
+  kvt::DecodeLoop loop(cfg_, spec, rng.Next());
+  Layer L(ctx_.get(), cfg_, loop);
+  Step s(ctx_.get(), loop);
+  PlanPtr plan = MakeDecodePlan(loop);
+  ASSERT_TRUE(plan);
+  kvarn_paged_kv_t kv = View(L, s, loop);
+  const auto* ip = static_cast<const int32_t*>(s.token_indptr.get());
+  const auto* sl = static_cast<const int32_t*>(s.slot_mapping.get());
+  const auto append = [&](const kvarn_launch_t& l) {
+    return kvarn_paged_append_run(ctx_.get(), &cfg_, &kv, &l, ip, sl, 4, KVARN_DTYPE_F32, s.k.get(),
+                                  s.v.get());
+  };
+  const auto attend = [&](const kvarn_launch_t& l) {
+    return kvarn_paged_attention_run(ctx_.get(), plan.get(), &kv, &l, nullptr, s.q.get(),
+                                     s.out.get(), nullptr);
+  };
+  kvarn_launch_t l;
+  kvarn_launch_defaults(&l);
+  l.k_row_stride = -1;
+  EXPECT_TRUE(IsError(append(l), KVARN_ERR_INVALID_ARGUMENT, "k_row_stride"));
+  l.k_row_stride = kHk * kD - 1;  // rows would overlap
+  EXPECT_TRUE(IsError(append(l), KVARN_ERR_INVALID_ARGUMENT, "k_row_stride"));
+  l.k_row_stride = 0;
+  l.v_row_stride = INT64_MAX / 2;
+  EXPECT_TRUE(IsError(append(l), KVARN_ERR_INVALID_ARGUMENT, "address space"));
+  kvarn_launch_defaults(&l);
+  l.out_row_stride = kHq * kD - 8;
+  EXPECT_TRUE(IsError(attend(l), KVARN_ERR_INVALID_ARGUMENT, "out_row_stride"));
+  l.out_row_stride = 0;
+  l.q_row_stride = 1;
+  EXPECT_TRUE(IsError(attend(l), KVARN_ERR_INVALID_ARGUMENT, "q_row_stride"));
+  // A call ignores the strides of tensors it does not take: append with q/out strides set.
+  kvarn_launch_defaults(&l);
+  l.q_row_stride = 1;
+  l.out_row_stride = 1;
+  kvt::StepMeta m;
+  loop.Next(&m);
+  s.Upload(m);
+  s.k.Upload(Random(rng, static_cast<size_t>(loop.batch()) * kHk * kD, 1.0));
+  s.v.Upload(Random(rng, static_cast<size_t>(loop.batch()) * kHk * kD, 1.0));
+  KVT_EXPECT_OK(append(l));
+  // index_type: a value outside the enumeration, an int64 list that is not 8-byte aligned.
+  kvarn_launch_defaults(&l);
+  const int32_t bad_type = 2;
+  std::memcpy(&l.index_type, &bad_type, sizeof bad_type);
+  EXPECT_TRUE(IsError(append(l), KVARN_ERR_INVALID_ARGUMENT, "index_type"));
+  l.index_type = KVARN_INDEX_INT64;
+  DeviceBuffer slots64(ctx_.get(), 4 * 8 + 8);
+  const auto* misaligned =
+      reinterpret_cast<const int32_t*>(static_cast<const uint8_t*>(slots64.get()) + 4);
+  EXPECT_TRUE(IsError(kvarn_paged_append_run(ctx_.get(), &cfg_, &kv, &l, ip, misaligned, 4,
+                                             KVARN_DTYPE_F32, s.k.get(), s.v.get()),
+                      KVARN_ERR_INVALID_ARGUMENT, "8-byte aligned"));
+  KVT_EXPECT_OK(kvarn_context_synchronize(ctx_.get()));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, PagedRun, ::testing::Values(KVARN_BACKEND_CPU, kvt::kGpuBackend),

@@ -130,6 +130,7 @@ TEST(StructAbi, EveryPublicStructIsDescribed) {
   CheckDescription<kvarn_attention_shape_t>(0);
   CheckDescription<kvarn_backend_info_t>(4);
   CheckDescription<kvarn_cache_stats_t>(0);
+  CheckDescription<kvarn_tail_state_t>(0);  // kvarn_experimental.h
   EXPECT_EQ(kvarn::AbiStruct<kvarn_cache_options_t>::kMinSize,
             offsetof(kvarn_cache_options_t, config) + sizeof(kvarn_config_t));
 }
@@ -710,6 +711,24 @@ TEST_F(StructAbiRun, LaunchCutBeforeSeqStatusUsesNoStatusArray) {
   Guarded<kvarn_launch_t> cut(with_status, offsetof(kvarn_launch_t, seq_status));
   KVT_ASSERT_OK(AppendOne(cut.get()));
   EXPECT_NE(pc_.k_pages, before);  // seq_status past the size: NULL, the token is written
+}
+
+TEST_F(StructAbiRun, LaunchOfTheFirstLayoutGetsDenseRowsAndInt32Slots) {
+  // A caller built before the row strides and index_type existed (size up to workspace_bytes,
+  // the struct placed against an inaccessible page): its k and v are dense and its slots int32,
+  // so the token lands as with a full, zeroed struct; a full struct with the same defaults
+  // writes the same pages.
+  status_[0] = 0;
+  const std::vector<uint16_t> before = pc_.k_pages;
+  Guarded<kvarn_launch_t> old(StatusLaunch(), offsetof(kvarn_launch_t, q_row_stride));
+  KVT_ASSERT_OK(AppendOne(old.get()));
+  const std::vector<uint16_t> with_old = pc_.k_pages;
+  EXPECT_NE(with_old, before);
+  pc_.k_pages = before;
+  kvarn_launch_t full = StatusLaunch();
+  full.k_row_stride = full.v_row_stride = static_cast<int64_t>(pc_.Hk) * pc_.D;  // dense
+  KVT_ASSERT_OK(AppendOne(&full));
+  EXPECT_EQ(pc_.k_pages, with_old);
 }
 
 TEST_F(StructAbiRun, LaunchLargerSizesAndSizeZero) {

@@ -148,6 +148,34 @@ Status CheckPagedTables(const Config& cfg, const PagedKV& kv) {
 
 Status CheckSequenceTables(const Config& cfg, const PagedKV& kv, int b) {
   const int G = cfg.G;
+  if (kv.tail_states != nullptr) {
+    // One pool: tiles [0, rt) are record blocks, the tokens past them rows of the tail slot.
+    const int64_t n = kv.seq_lens[b], rt = kv.record_tiles[b];
+    const std::string who = "sequence " + std::to_string(b) + ": ";
+    if (n < 0 || rt < 0 || rt * G > n) {
+      return InvalidArgument(who + "seq_lens " + std::to_string(n) + " and record_tiles " +
+                             std::to_string(rt) + " do not add up");
+    }
+    if (n - rt * G > kv.tail_cap) {
+      return InvalidArgument(who + std::to_string(n - rt * G) + " tokens past the records, " +
+                             "more than the tail slot's " + std::to_string(kv.tail_cap) + " rows");
+    }
+    if (n > rt * G && (kv.tail_slots[b] < 0 || kv.tail_slots[b] >= kv.num_tail_slots)) {
+      return InvalidArgument(who + "tail slot " + std::to_string(kv.tail_slots[b]) +
+                             " is outside the " + std::to_string(kv.num_tail_slots) + " slots");
+    }
+    if (rt > kv.max_blocks_per_seq) {
+      return InvalidArgument(who + "record_tiles exceeds max_blocks_per_seq");
+    }
+    for (int64_t i = 0; i < rt; ++i) {
+      const int32_t id = kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + i];
+      if (id < 0 || id >= kv.num_record_blocks) {
+        return InvalidArgument(who + "block_table entry " + std::to_string(i) + " = " +
+                               std::to_string(id) + " is outside the record pool");
+      }
+    }
+    return Status::Ok();
+  }
   {
     const int64_t n = kv.seq_lens[b];
     const int64_t rt = kv.record_tiles[b];
@@ -212,7 +240,9 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
       slots[i] = static_cast<int32_t>(page * int64_t{G} + pos % G);
     }
   }
-  return PagedAppendRun(ctx, cfg, kv, LaunchArgs{}, indptr, slots.data(), total, dtype, k, v);
+  LaunchArgs dense;  // k and v of the host-list append are dense
+  dense.k_row_stride = dense.v_row_stride = static_cast<int64_t>(kv.num_kv_heads) * cfg.D;
+  return PagedAppendRun(ctx, cfg, kv, dense, indptr, slots.data(), total, dtype, k, v);
 }
 
 Status PagedFlush(Context* ctx, const Config& cfg, const PagedKV& kv, size_t n_tiles,

@@ -82,6 +82,8 @@ const BackendOps kCpuBackend = {
     PagedAppendRun,
     PagedFlushRun,
     PagedAttentionRun,
+    PagedAppendTailRun,
+    PagedFlushTailRun,
 };
 
 }  // namespace cpu

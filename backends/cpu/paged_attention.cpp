@@ -191,7 +191,9 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
   for (int b = 0; b < kv.batch; ++b) {
     if (skip[b]) continue;
     for (size_t r = q_begin[b] * Hq; r < static_cast<size_t>(q_begin[b + 1]) * Hq; ++r) {
-      LoadRow(args.q_dtype, q, r * D, D, qr.data() + r * D);
+      // Row r = token * Hq + head; tokens are q_row_stride elements apart.
+      const size_t src = (r / Hq) * static_cast<size_t>(args.q_row_stride) + (r % Hq) * D;
+      LoadRow(args.q_dtype, q, src, D, qr.data() + r * D);
       if (cfg.k_rotate) K.hadamard(qr.data() + r * D, D);
     }
   }
@@ -241,6 +243,13 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
             &K);
         K.attend_record(rec, D, G, cfg.key_bits, cfg.value_bits, args.scale, qs.data(),
                         static_cast<int>(nstate), scores.data(), vsum.data());
+      } else if (kv.tail_states != nullptr) {
+        // Rows of the tail slot: K [Hk][cap][D], then V; this tile starts at row (tile-rt)*G.
+        const size_t head = static_cast<size_t>(kv.tail_slots[b]) * kv.tail_slot_elems +
+                            (static_cast<size_t>(h) * kv.tail_cap + (tile - rt) * G) * D;
+        const size_t v_off = static_cast<size_t>(Hk) * kv.tail_cap * D;
+        K.attend_page(kv.tail_states + head, kv.tail_states + head + v_off, D, G, args.scale,
+                      qs.data(), static_cast<int>(nstate), scores.data());
       } else {
         const size_t off = row[tile] * page_elems + static_cast<size_t>(h) * G * D;
         K.attend_page(kv.k_pages + off, kv.v_pages + off, D, G, args.scale, qs.data(),
@@ -272,8 +281,10 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
         // L == 0: a padding slot (no cached tokens) gets zeros and lse -inf.
         for (int d = 0; d < D; ++d) o[d] = L > 0.f ? o[d] / L : 0.f;
         if (cfg.v_rotate) K.hadamard(o.data(), D);  // o = o' H
-        const size_t qrow = (q_begin[b] + i) * Hq + h * group + g;
-        StoreRow(args.out_dtype, out, qrow * D, D, o.data());
+        const size_t token = q_begin[b] + i, head = static_cast<size_t>(h) * group + g;
+        const size_t qrow = token * Hq + head;
+        StoreRow(args.out_dtype, out, token * static_cast<size_t>(args.out_row_stride) + head * D,
+                 D, o.data());
         if (lse != nullptr) lse[qrow] = M + std::log(L);
       }
     }

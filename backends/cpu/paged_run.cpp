@@ -47,6 +47,9 @@ struct Faults {
   }
 };
 
+// tile_seqs value of a flush entry that belongs to no sequence of the batch (a finished request).
+constexpr int kNoSequence = -1;
+
 }  // namespace
 
 std::vector<std::string> IndptrFaults(const int32_t* indptr, int batch, int64_t limit,
@@ -83,13 +86,19 @@ Status AttentionPlanFor(Context*, const Config&, const AttentionShape& shape,
   return Status::Ok();
 }
 
-Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
-                      const int32_t* indptr, const int32_t* slots, size_t max_tokens,
-                      kvarn_dtype_t dtype, const void* k, const void* v) {
-  const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads;
-  const int64_t num_slots = static_cast<int64_t>(kv.num_pages) * G;
+namespace {
+
+// The run-call append of both memory models. check(b, t) -> Status: the token's destination is
+// valid (a data error of sequence b otherwise); dest(b, t, which) -> uint16_t*: the fp16 row of
+// head 0 of token t of sequence b in K (which 0) or V (1), heads `head_stride` halves apart, or
+// NULL to skip the token (padding). Every row is converted and staged first, so a faulty sequence
+// writes nothing.
+template <typename Check, typename Dest>
+Status AppendRows(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+                  const int32_t* indptr, size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                  const void* v, size_t head_stride, const Check& check, const Dest& dest) {
+  const int D = cfg.D, Hk = kv.num_kv_heads;
   Faults faults(launch.seq_status, kv.batch);
-  // Convert every token of the sequences that take part (rows staged: nothing is written yet).
   std::vector<uint16_t> kh(max_tokens * Hk * D), vh(max_tokens * Hk * D);
   std::vector<char> take(kv.batch, 0);
   const std::vector<std::string> ranges =
@@ -102,10 +111,9 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
     }
     const int64_t begin = indptr[b], end = indptr[b + 1];
     for (int64_t t = begin; t < end; ++t) {
-      if (slots[t] < -1 || slots[t] >= num_slots) {
-        faults.Set(
-            b, InvalidArgument("sequence " + std::to_string(b) + ", token " + std::to_string(t) +
-                               ": slot " + std::to_string(slots[t]) + " is outside the page pool"));
+      Status st = check(b, t);
+      if (!st.ok()) {
+        faults.Set(b, std::move(st));
         break;
       }
     }
@@ -117,11 +125,13 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
     if (!take[b]) return;
     std::vector<float> row(D), scratch(D);
     for (int64_t t = indptr[b]; t < indptr[b + 1]; ++t) {
-      if (slots[t] == -1) continue;
+      if (dest(static_cast<int>(b), t, 0) == nullptr) continue;
       for (int h = 0; h < Hk; ++h) {
-        const size_t off = (static_cast<size_t>(t) * Hk + h) * D;
+        const size_t off = (static_cast<size_t>(t) * Hk + h) * D;  // staged rows are dense
         for (int which = 0; which < 2; ++which) {
-          LoadRow(dtype, which ? v : k, off, D, row.data());
+          const int64_t stride = which ? launch.v_row_stride : launch.k_row_stride;
+          LoadRow(dtype, which ? v : k, static_cast<size_t>(t * stride + int64_t{h} * D), D,
+                  row.data());
           if (K.to_cache_frame(row.data(), D, which ? cfg.v_rotate : cfg.k_rotate, scratch.data(),
                                (which ? vh.data() : kh.data()) + off)) {
             continue;
@@ -148,20 +158,176 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
     }
   }
   if (launch.seq_status == nullptr && faults.AnyFailed()) return faults.Finish();
-  const size_t page_elems = static_cast<size_t>(Hk) * G * D;
   for (int b = 0; b < kv.batch; ++b) {
     if (!take[b]) continue;
     for (int64_t t = indptr[b]; t < indptr[b + 1]; ++t) {
-      if (slots[t] == -1) continue;
-      const size_t page = static_cast<size_t>(slots[t] / G),
-                   pos = static_cast<size_t>(slots[t] % G);
+      uint16_t* kd = dest(b, t, 0);
+      if (kd == nullptr) continue;
+      uint16_t* vd = dest(b, t, 1);
       for (int h = 0; h < Hk; ++h) {
-        const size_t dst = page * page_elems + (static_cast<size_t>(h) * G + pos) * D;
         const size_t src = (static_cast<size_t>(t) * Hk + h) * D;
-        std::memcpy(kv.k_pages + dst, kh.data() + src, 2 * D);
-        std::memcpy(kv.v_pages + dst, vh.data() + src, 2 * D);
+        std::memcpy(kd + h * head_stride, kh.data() + src, 2 * D);
+        std::memcpy(vd + h * head_stride, vh.data() + src, 2 * D);
       }
     }
+  }
+  return faults.Finish();
+}
+
+// Slot s of the tail state: K rows [Hk][cap][D], then V rows.
+uint16_t* TailSlot(const PagedKV& kv, int64_t s, int which, int D) {
+  return kv.tail_states + static_cast<size_t>(s) * kv.tail_slot_elems +
+         static_cast<size_t>(which) * kv.num_kv_heads * kv.tail_cap * D;
+}
+
+}  // namespace
+
+Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+                      const int32_t* indptr, const int32_t* slots, size_t max_tokens,
+                      kvarn_dtype_t dtype, const void* k, const void* v) {
+  const int D = cfg.D, G = cfg.G;
+  const int64_t num_slots = static_cast<int64_t>(kv.num_pages) * G;
+  const size_t page_elems = static_cast<size_t>(kv.num_kv_heads) * G * D;
+  const auto slot_of = [&](int64_t t) { return IndexAt(slots, launch.index64, t); };
+  const auto check = [&](int b, int64_t t) -> Status {
+    const int64_t slot = slot_of(t);
+    if (slot >= -1 && slot < num_slots) return Status::Ok();
+    return InvalidArgument("sequence " + std::to_string(b) + ", token " + std::to_string(t) +
+                           ": slot " + std::to_string(slot) + " is outside the page pool");
+  };
+  const auto dest = [&](int, int64_t t, int which) -> uint16_t* {
+    const int64_t slot = slot_of(t);
+    if (slot == -1) return nullptr;
+    return (which ? kv.v_pages : kv.k_pages) + static_cast<size_t>(slot / G) * page_elems +
+           static_cast<size_t>(slot % G) * D;
+  };
+  return AppendRows(ctx, cfg, kv, launch, indptr, max_tokens, dtype, k, v,
+                    static_cast<size_t>(G) * D, check, dest);
+}
+
+Status PagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                          const LaunchArgs& launch, const int32_t* indptr, size_t max_tokens,
+                          kvarn_dtype_t dtype, const void* k, const void* v) {
+  const int D = cfg.D, G = cfg.G;
+  // Token t of sequence b is at position seq_lens[b] - (indptr[b + 1] - t) (lengths after the
+  // append), row position - record_tiles[b] * G of its slot.
+  const auto row_of = [&](int b, int64_t t) {
+    return int64_t{kv.seq_lens[b]} - (indptr[b + 1] - t) - int64_t{kv.record_tiles[b]} * G;
+  };
+  const auto check = [&](int b, int64_t t) -> Status {
+    const int64_t slot = kv.tail_slots[b], row = row_of(b, t);
+    if (slot < 0 || slot >= kv.num_tail_slots) {
+      return InvalidArgument("sequence " + std::to_string(b) + ": tail slot " +
+                             std::to_string(slot) + " is outside the " +
+                             std::to_string(kv.num_tail_slots) + " slots");
+    }
+    if (kv.record_tiles[b] < 0 || row < 0 || row >= kv.tail_cap) {
+      return InvalidArgument("sequence " + std::to_string(b) + ", token " + std::to_string(t) +
+                             ": tail row " + std::to_string(row) + " (seq_lens " +
+                             std::to_string(kv.seq_lens[b]) + ", record_tiles " +
+                             std::to_string(kv.record_tiles[b]) + ") is outside the slot's " +
+                             std::to_string(kv.tail_cap) + " rows");
+    }
+    return Status::Ok();
+  };
+  const auto dest = [&](int b, int64_t t, int which) -> uint16_t* {
+    return TailSlot(kv, kv.tail_slots[b], which, D) + static_cast<size_t>(row_of(b, t)) * D;
+  };
+  return AppendRows(ctx, cfg, kv, launch, indptr, max_tokens, dtype, k, v,
+                    static_cast<size_t>(kv.tail_cap) * D, check, dest);
+}
+
+Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                         const LaunchArgs& launch, const int32_t* committed,
+                         int32_t* record_tiles_out) {
+  const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads;
+  const size_t rb = cfg.record_bytes();
+  const int64_t per_seq = kv.tail_cap / G;  // the most tiles one sequence flushes (workspace)
+  Faults faults(launch.seq_status, kv.batch);
+  std::vector<int64_t> n_flush(kv.batch, 0);
+  for (int b = 0; b < kv.batch; ++b) {
+    if (faults.Skipped(b)) continue;
+    const int64_t n = kv.seq_lens[b], rt = kv.record_tiles[b], c = committed[b];
+    const std::string who = "sequence " + std::to_string(b) + ": ";
+    Status st;
+    if (n < 0 || rt < 0 || c < rt * G || c > n) {
+      st = InvalidArgument(who + "committed " + std::to_string(c) +
+                           " is outside [record_tiles * G = " + std::to_string(rt * G) +
+                           ", seq_lens = " + std::to_string(n) + "]");
+    } else if (n - rt * G > kv.tail_cap) {
+      st = InvalidArgument(who + std::to_string(n - rt * G) + " tokens past the records, more " +
+                           "than the tail slot's " + std::to_string(kv.tail_cap) + " rows");
+    } else if (c / G > rt && (kv.tail_slots[b] < 0 || kv.tail_slots[b] >= kv.num_tail_slots)) {
+      st = InvalidArgument(who + "tail slot " + std::to_string(kv.tail_slots[b]) +
+                           " is outside the slots");
+    } else if (c / G > kv.max_blocks_per_seq) {
+      st = InvalidArgument(who + std::to_string(c / G) + " tiles, more than max_blocks_per_seq");
+    } else {
+      for (int64_t tile = rt; tile < c / G && st.ok(); ++tile) {
+        const int32_t id = kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + tile];
+        if (id < 0 || id >= kv.num_record_blocks) {
+          st = InvalidArgument(who + "block_table entry " + std::to_string(tile) + " = " +
+                               std::to_string(id) + " is outside the record pool");
+        }
+      }
+    }
+    if (!st.ok()) {
+      faults.Set(b, std::move(st));
+      continue;
+    }
+    n_flush[b] = c / G - rt;
+  }
+  // Quantize into the workspace: sequence b's j-th tile, head h, at ((b * per_seq + j) * Hk + h).
+  uint8_t* staged = static_cast<uint8_t*>(launch.workspace);
+  const size_t items = static_cast<size_t>(kv.batch) * per_seq * Hk;
+  std::vector<Status> item_status(items);
+  const Kernels& K = KernelsFor(ctx->isa);
+  ctx->pool->ParallelFor(items, [&](size_t item) {
+    const int b = static_cast<int>(item / (per_seq * Hk));
+    const int64_t j = static_cast<int64_t>(item / Hk) % per_seq;
+    const int h = static_cast<int>(item % Hk);
+    if (faults.Failed(b) || faults.Skipped(b) || j >= n_flush[b]) return;
+    const size_t off = (static_cast<size_t>(h) * kv.tail_cap + static_cast<size_t>(j) * G) * D;
+    TileScratch scratch;
+    Status r =
+        QuantizeRecord(cfg, TailSlot(kv, kv.tail_slots[b], 0, D) + off,
+                       TailSlot(kv, kv.tail_slots[b], 1, D) + off, staged + item * rb, scratch, &K);
+    if (!r.ok()) {
+      item_status[item] = {r.code(), "sequence " + std::to_string(b) + ", tile " +
+                                         std::to_string(kv.record_tiles[b] + j) + ", head " +
+                                         std::to_string(h) + ": " + r.message()};
+    }
+  });
+  for (size_t item = 0; item < items; ++item) {
+    if (!item_status[item].ok())
+      faults.Set(static_cast<int>(item / (per_seq * Hk)), item_status[item]);
+  }
+  if (launch.seq_status == nullptr && faults.AnyFailed()) return faults.Finish();
+  for (int b = 0; b < kv.batch; ++b) {
+    const int32_t rt = kv.record_tiles[b];
+    if (faults.Skipped(b) || faults.Failed(b) || n_flush[b] == 0) {
+      record_tiles_out[b] = rt;
+      continue;
+    }
+    for (int64_t j = 0; j < n_flush[b]; ++j) {
+      const size_t block = static_cast<size_t>(
+          kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + rt + j]);
+      for (int h = 0; h < Hk; ++h) {
+        const size_t item = (static_cast<size_t>(b) * per_seq + j) * Hk + h;
+        std::memcpy(kv.records + (block * Hk + h) * kv.record_stride, staged + item * rb, rb);
+      }
+    }
+    // Move the rows past the flushed tiles to the slot's start.
+    const size_t shift = static_cast<size_t>(n_flush[b]) * G;
+    const size_t rows = static_cast<size_t>(kv.seq_lens[b] - int64_t{rt} * G) - shift;
+    for (int which = 0; which < 2; ++which) {
+      for (int h = 0; h < Hk; ++h) {
+        uint16_t* head =
+            TailSlot(kv, kv.tail_slots[b], which, D) + static_cast<size_t>(h) * kv.tail_cap * D;
+        std::memmove(head, head + shift * D, rows * D * 2);
+      }
+    }
+    record_tiles_out[b] = static_cast<int32_t>(rt + n_flush[b]);
   }
   return faults.Finish();
 }
@@ -175,18 +341,24 @@ Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const L
     return InvalidArgument("*n_tiles is " + std::to_string(n) + ", outside [0, max_tiles = " +
                            std::to_string(max_tiles) + "]; nothing was flushed");
   }
+  const bool wide = launch.index64;
   if (launch.seq_status != nullptr) {
     for (int32_t i = 0; i < n; ++i) {
-      if (tile_seqs[i] < 0 || tile_seqs[i] >= kv.batch) {
-        return InvalidArgument("tile_seqs[" + std::to_string(i) + "] = " +
-                               std::to_string(tile_seqs[i]) + " is not a sequence of the batch (" +
-                               std::to_string(kv.batch) + "); nothing was flushed");
+      const int64_t b = IndexAt(tile_seqs, wide, i);
+      if (b < kNoSequence || b >= kv.batch) {
+        return InvalidArgument("tile_seqs[" + std::to_string(i) + "] = " + std::to_string(b) +
+                               " is neither a sequence of the batch (" + std::to_string(kv.batch) +
+                               ") nor -1 (no sequence); nothing was flushed");
       }
     }
   }
-  // Without a status array every entry counts as its own sequence 0 (a fault fails the call).
-  const auto seq_of = [&](int32_t i) { return launch.seq_status ? tile_seqs[i] : 0; };
+  // The entry's sequence: its tile_seqs entry with a status array (-1: a finished request's
+  // entry, owned by no sequence), else 0 (every fault fails the call).
+  const auto seq_of = [&](int32_t i) {
+    return launch.seq_status ? static_cast<int>(IndexAt(tile_seqs, wide, i)) : 0;
+  };
   Faults faults(launch.seq_status, launch.seq_status ? kv.batch : 1);
+  const auto live = [&](int b) { return b == kNoSequence || !faults.Skipped(b); };
   const size_t rb = cfg.record_bytes();
   const size_t page_elems = static_cast<size_t>(Hk) * G * D;
   uint8_t* staged = static_cast<uint8_t*>(launch.workspace);
@@ -195,35 +367,38 @@ Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const L
   ctx->pool->ParallelFor(static_cast<size_t>(n) * Hk, [&](size_t item) {
     const int32_t i = static_cast<int32_t>(item / Hk);
     const size_t h = item % Hk;
-    if (faults.Skipped(seq_of(i))) return;
-    if (src_pages[i] < 0 || src_pages[i] >= kv.num_pages || dst_blocks[i] < 0 ||
-        dst_blocks[i] >= kv.num_record_blocks) {
-      item_status[item] = InvalidArgument("flush entry " + std::to_string(i) + ": page " +
-                                          std::to_string(src_pages[i]) + " or record block " +
-                                          std::to_string(dst_blocks[i]) + " is outside its pool");
+    if (!live(seq_of(i))) return;
+    const int64_t page = IndexAt(src_pages, wide, i), block = IndexAt(dst_blocks, wide, i);
+    if (page < 0 || page >= kv.num_pages || block < 0 || block >= kv.num_record_blocks) {
+      item_status[item] =
+          InvalidArgument("flush entry " + std::to_string(i) + ": page " + std::to_string(page) +
+                          " or record block " + std::to_string(block) + " is outside its pool");
       return;
     }
     TileScratch s;
-    const size_t off = src_pages[i] * page_elems + h * G * D;
+    const size_t off = static_cast<size_t>(page) * page_elems + h * G * D;
     Status r = QuantizeRecord(cfg, kv.k_pages + off, kv.v_pages + off, staged + item * rb, s, &K);
     if (!r.ok()) {
       item_status[item] = {r.code(), "flush entry " + std::to_string(i) + " (page " +
-                                         std::to_string(src_pages[i]) + ", head " +
-                                         std::to_string(h) + "): " + r.message()};
+                                         std::to_string(page) + ", head " + std::to_string(h) +
+                                         "): " + r.message()};
     }
   });
   for (size_t item = 0; item < item_status.size(); ++item) {
-    if (!item_status[item].ok())
-      faults.Set(seq_of(static_cast<int32_t>(item / Hk)), item_status[item]);
+    if (item_status[item].ok()) continue;
+    const int b = seq_of(static_cast<int32_t>(item / Hk));
+    // A fault of an entry without a sequence cannot go to a status entry: it fails the call.
+    if (b == kNoSequence) return item_status[item];
+    faults.Set(b, item_status[item]);
   }
   if (launch.seq_status == nullptr && faults.AnyFailed()) return faults.Finish();
   for (size_t item = 0; item < static_cast<size_t>(n) * Hk; ++item) {
     const int32_t i = static_cast<int32_t>(item / Hk);
     const int b = seq_of(i);
-    if (faults.Skipped(b) || faults.Failed(b)) continue;
+    if (b != kNoSequence && (faults.Skipped(b) || faults.Failed(b))) continue;
     const size_t h = item % Hk;
-    std::memcpy(kv.records + (static_cast<size_t>(dst_blocks[i]) * Hk + h) * kv.record_stride,
-                staged + item * rb, rb);
+    const size_t block = static_cast<size_t>(IndexAt(dst_blocks, wide, i));
+    std::memcpy(kv.records + (block * Hk + h) * kv.record_stride, staged + item * rb, rb);
   }
   return faults.Finish();
 }

@@ -49,6 +49,7 @@ struct AttnParams {
   bool k_rotate, v_rotate;
   // Queries.
   const void* q;
+  int64_t q_stride;  // elements between query tokens (Hq * D: dense)
   kvarn_dtype_t q_dtype;
   const int32_t* q_indptr;  // device copy, or NULL = decode
   int32_t Hq, group;
@@ -56,6 +57,7 @@ struct AttnParams {
   float scale;
   // Outputs.
   void* out;
+  int64_t out_stride;  // elements between output tokens (Hq * D: dense)
   kvarn_dtype_t out_dtype;
   float* lse;
   int32_t splits, tiles_per_split;
@@ -256,13 +258,21 @@ __device__ __forceinline__ void SetRow(const AttnParams& P, const WorkItem& w, i
   }
 }
 
+// Element (global row `row` = token * Hq + head, channel d) of q or out, whose tokens are
+// `stride` elements apart.
+__device__ __forceinline__ size_t RowElement(int row, int Hq, int64_t stride, int D, int d) {
+  return static_cast<size_t>(row / Hq) * static_cast<size_t>(stride) +
+         static_cast<size_t>(row % Hq) * D + d;
+}
+
 // q[kRows][D] <- the rows' queries (0 for padding rows), rotated when K is, times `scale`.
 // Call with the whole CTA after qrow is set and visible.
 __device__ __forceinline__ void LoadQueries(const AttnParams& P, const int* qrow, int D,
                                             float scale, float* q) {
   for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) {
     const int r = idx / D, d = idx % D;
-    q[idx] = qrow[r] >= 0 ? LoadElem(P.q, static_cast<size_t>(qrow[r]) * D + d, P.q_dtype) : 0.f;
+    q[idx] =
+        qrow[r] >= 0 ? LoadElem(P.q, RowElement(qrow[r], P.Hq, P.q_stride, D, d), P.q_dtype) : 0.f;
   }
   if (P.k_rotate) BlockFwht(q, kRows, D, P.log2D);
   for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) q[idx] *= scale;
@@ -474,8 +484,9 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
   __syncthreads();
   for (int idx = tid; idx < kRows * D; idx += kThreads) {
     const int r = idx / D, d = idx % D;
-    if (S.qrow[r] >= 0)
-      StoreElem(P.out, static_cast<size_t>(S.qrow[r]) * D + d, P.out_dtype, S.acc[idx]);
+    if (S.qrow[r] >= 0) {
+      StoreElem(P.out, RowElement(S.qrow[r], P.Hq, P.out_stride, D, d), P.out_dtype, S.acc[idx]);
+    }
   }
   if (P.lse && tid < kRows && S.qrow[tid] >= 0) {
     P.lse[S.qrow[tid]] = S.m[tid] + logf(S.l[tid]);
@@ -546,7 +557,7 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(AttnParams P, int rows_t
   if (P.v_rotate) BlockFwht(o, 1, D, P.log2D);
   __syncthreads();
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
-    StoreElem(P.out, static_cast<size_t>(row) * D + d, P.out_dtype, o[d]);
+    StoreElem(P.out, RowElement(row, P.Hq, P.out_stride, D, d), P.out_dtype, o[d]);
   }
 }
 
@@ -900,11 +911,13 @@ AttnParams MakeParams(CudaState* st, const Config& cfg, const PagedKV& kv,
   P.k_rotate = cfg.k_rotate;
   P.v_rotate = cfg.v_rotate;
   P.q = q;
+  P.q_stride = args.q_row_stride;
   P.q_dtype = args.q_dtype;
   P.Hq = args.num_q_heads;
   P.group = args.num_q_heads / kv.num_kv_heads;
   P.scale = args.scale;
   P.out = out;
+  P.out_stride = args.out_row_stride;
   P.out_dtype = args.out_dtype;
   P.lse = lse;
   P.splits = plan.splits;
@@ -923,7 +936,10 @@ AttnParams MakeParams(CudaState* st, const Config& cfg, const PagedKV& kv,
 // Every work item of a valid row writes its split's partial, an empty split as m = -inf.
 Status LaunchAttention(CudaState* st, const Config& cfg, const PagedKV& kv, const Plan& plan,
                        AttnParams& P) {
-  const bool mma = UseMmaKernel(st, cfg, kv);
+  // The tensor-core kernels address q and out as dense rows: strided ones take the general
+  // kernel (same plan, as a misaligned pool does).
+  const int64_t dense = static_cast<int64_t>(P.Hq) * cfg.D;
+  const bool mma = UseMmaKernel(st, cfg, kv) && P.q_stride == dense && P.out_stride == dense;
   P.chunks_per_seq = plan.extend && mma ? plan.chunks_per_seq : plan.decode_chunks_per_seq;
   const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * P.chunks_per_seq);
   if (plan.extend && mma) {

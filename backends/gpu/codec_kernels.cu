@@ -116,8 +116,9 @@ __global__ void __launch_bounds__(256)
 struct FlushList {
   const int32_t* count;  // NULL: no list (the host-list flush, quantize)
   int32_t max_tiles;
+  bool index64;  // src_pages, dst_blocks and tile_seqs hold int64 (launch->index_type)
   const int32_t* dst_blocks;
-  const int32_t* tile_seqs;  // with seq_status
+  const int32_t* tile_seqs;  // with seq_status; -1: an entry of no sequence
   int32_t* seq_status;       // [batch] or NULL (then faults fail the call)
   int32_t batch;
   int32_t num_pages;
@@ -141,6 +142,11 @@ struct TileJob {
   FlushList list;  // kvarn_paged_flush_run: the device list (list.count NULL otherwise)
 };
 
+// Entry i of an index list of int32, or of int64 when `wide`.
+__device__ __forceinline__ int64_t ListEntry(const int32_t* list, bool wide, size_t i) {
+  return wide ? reinterpret_cast<const int64_t*>(list)[i] : list[i];
+}
+
 // Whether a flush-list entry is to be flushed; reports what is wrong with it. *seq: the entry's
 // sequence (0 without a status array). Call with every thread of the CTA (uniform result).
 __device__ __forceinline__ bool FlushEntryLive(const FlushList& f, DeviceErrorWords* errors,
@@ -155,12 +161,14 @@ __device__ __forceinline__ bool FlushEntryLive(const FlushList& f, DeviceErrorWo
   }
   if (entry >= n) return false;
   if (f.seq_status != nullptr) {
-    *seq = f.tile_seqs[entry];
-    if (*seq < 0 || *seq >= f.batch) {
+    const int64_t s = ListEntry(f.tile_seqs, f.index64, entry);
+    if (s < -1 || s >= f.batch) {
       if (reporter) ReportDeviceError(errors, KVARN_ERR_INVALID_ARGUMENT, kErrFlushEntry, entry, 1);
       return false;
     }
-    if (f.seq_status[*seq] != 0) return false;
+    *seq = static_cast<int32_t>(s);
+    // -1: no sequence, flushed whatever seq_status holds; its faults fail the call.
+    if (s >= 0 && f.seq_status[s] != 0) return false;
   }
   return true;
 }
@@ -184,7 +192,8 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
                         &seq)) {
       return;
     }
-    const int32_t page = job.src_pages[entry], block = f.dst_blocks[entry];
+    const int64_t page = ListEntry(job.src_pages, f.index64, entry),
+                  block = ListEntry(f.dst_blocks, f.index64, entry);
     if (page < 0 || page >= f.num_pages || block < 0 || block >= f.num_blocks) {
       if (threadIdx.x == 0) {
         ReportSequenceError(seq_status, job.errors, seq, KVARN_ERR_INVALID_ARGUMENT, kErrFlushEntry,
@@ -194,8 +203,11 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
     }
   }
   const size_t index =
-      job.src_pages ? static_cast<size_t>(job.src_pages[item / job.hk]) * job.hk + item % job.hk
-                    : static_cast<size_t>(item);
+      job.src_pages
+          ? static_cast<size_t>(ListEntry(job.src_pages, job.list.index64, item / job.hk)) *
+                    job.hk +
+                item % job.hk
+          : static_cast<size_t>(item);
   const uint16_t* src = (which ? job.src[1] : job.src[0]) + index * G * D;
   uint16_t* tile_smem = reinterpret_cast<uint16_t*>(smem_raw + Shape::kAuxBytes);
   bool bad = false;
@@ -299,13 +311,15 @@ __global__ void __launch_bounds__(256)
   if (list.count != nullptr) {
     const int entry = static_cast<int>(item / hk);
     if (entry >= *list.count) return;  // the count was checked: a bad one set launch_flag
-    if (list.seq_status != nullptr &&
-        *static_cast<const volatile int32_t*>(&list.seq_status[list.tile_seqs[entry]]) != 0) {
-      return;
+    if (list.seq_status != nullptr) {
+      const int64_t seq = ListEntry(list.tile_seqs, list.index64, entry);  // checked: >= -1
+      if (seq >= 0 && *static_cast<const volatile int32_t*>(&list.seq_status[seq]) != 0) return;
     }
   }
   const size_t index =
-      dst_blocks ? static_cast<size_t>(dst_blocks[item / hk]) * hk + item % hk : item;
+      dst_blocks
+          ? static_cast<size_t>(ListEntry(dst_blocks, list.index64, item / hk)) * hk + item % hk
+          : item;
   const uint8_t* s = staged + item * rb;
   uint8_t* d = dst + index * stride;
   if (kVec == 16) {
@@ -677,6 +691,7 @@ Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const L
   job.errors = s->errors;
   job.list.count = n_tiles;
   job.list.max_tiles = static_cast<int32_t>(max_tiles);
+  job.list.index64 = launch.index64;
   job.list.dst_blocks = dst_blocks;
   job.list.tile_seqs = tile_seqs;
   job.list.seq_status = launch.seq_status;

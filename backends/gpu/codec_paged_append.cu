@@ -31,7 +31,8 @@ struct AppendChunk {
 };
 
 struct AppendArgs {
-  const void* src[2];  // k, v: [tokens][Hk][D] of dtype
+  const void* src[2];     // k, v: [tokens][Hk][D] of dtype
+  int64_t row_stride[2];  // elements between the tokens of k, v (Hk * D: dense)
   kvarn_dtype_t dtype;
   bool vec;
   bool rotate[2];
@@ -70,11 +71,12 @@ __device__ __forceinline__ void ConvertRow(const Args& a, int which, int32_t i, 
                                            uint16_t (&hbits)[RowLayout<D>::kPerLane], bool* nf,
                                            bool* of) {
   using L = RowLayout<D>;
-  const size_t row = static_cast<size_t>(i) * a.hk + h;
+  const size_t row = static_cast<size_t>(i) * static_cast<size_t>(a.row_stride[which]) +
+                     static_cast<size_t>(h) * D;
 #pragma unroll
   for (int c = 0; c < L::kChunks; ++c) {
     if (valid) {
-      Load8(a.dtype, which ? a.src[1] : a.src[0], row * D + L::Channel(ld, c), a.vec, &x[c * 8]);
+      Load8(a.dtype, which ? a.src[1] : a.src[0], row + L::Channel(ld, c), a.vec, &x[c * 8]);
     } else {
 #pragma unroll
       for (int e = 0; e < 8; ++e) x[c * 8 + e] = 0.f;
@@ -194,7 +196,8 @@ float RotationScale(int D) { return static_cast<float>(1.0 / std::sqrt(static_ca
 // A token belongs to the sequence whose token_indptr range holds it (none: skipped).
 
 struct SlotAppendArgs {
-  const void* src[2];  // k, v: [max_tokens][Hk][D] of dtype
+  const void* src[2];     // k, v: [max_tokens][Hk][D] of dtype
+  int64_t row_stride[2];  // elements between the tokens of k, v
   kvarn_dtype_t dtype;
   bool vec;
   bool rotate[2];
@@ -206,8 +209,9 @@ struct SlotAppendArgs {
   int batch;
   int32_t max_tokens;
   const int32_t* indptr;  // [batch + 1]
-  const int32_t* slots;   // [max_tokens]
-  int32_t* seq_status;    // [batch] or NULL
+  const void* slots;      // [max_tokens] int32, or int64 when slots64
+  bool slots64;
+  int32_t* seq_status;  // [batch] or NULL
   DeviceErrorWords* errors;
 };
 
@@ -223,6 +227,11 @@ __device__ __forceinline__ int OwnerOf(const SlotAppendArgs& a, int32_t t) {
     }
   }
   return a.indptr[lo] <= t && t < a.indptr[lo + 1] ? lo : -1;
+}
+
+__device__ __forceinline__ int64_t SlotAt(const SlotAppendArgs& a, int32_t t) {
+  return a.slots64 ? static_cast<const int64_t*>(a.slots)[t]
+                   : static_cast<const int32_t*>(a.slots)[t];
 }
 
 __device__ __forceinline__ bool SequenceSkipped(const SlotAppendArgs& a, int b) {
@@ -244,7 +253,7 @@ __global__ void __launch_bounds__(256) SlotAppendValidateKernel(const SlotAppend
     const size_t r = r0 + lt;
     const int32_t t = static_cast<int32_t>((r >> 1) / a.hk);
     const int b = r < rows ? OwnerOf(a, t) : -1;
-    const int32_t slot = b >= 0 ? a.slots[t] : -1;
+    const int64_t slot = b >= 0 ? SlotAt(a, t) : -1;
     // Rows of skipped tokens are converted as zeros (the row shuffles need every lane).
     const bool valid = b >= 0 && slot != -1 && !SequenceSkipped(a, b);
     const int which = static_cast<int>(r & 1);
@@ -255,7 +264,12 @@ __global__ void __launch_bounds__(256) SlotAppendValidateKernel(const SlotAppend
     ConvertRow<D>(a, which, t, h, valid, ld, x, hb, &nf, &of);
     if (!valid || ld != 0) continue;
     if (slot < -1 || slot >= a.num_slots) {
-      ReportSequenceError(a.seq_status, a.errors, b, KVARN_ERR_INVALID_ARGUMENT, kErrSlot, t, slot);
+      // The detail word is int32: an int64 slot past it reads as INT32_MAX / INT32_MIN.
+      const int32_t shown = static_cast<int32_t>(slot > INT32_MAX   ? INT32_MAX
+                                                 : slot < INT32_MIN ? INT32_MIN
+                                                                    : slot);
+      ReportSequenceError(a.seq_status, a.errors, b, KVARN_ERR_INVALID_ARGUMENT, kErrSlot, t,
+                          shown);
     } else if (nf || of) {
       ReportSequenceError(a.seq_status, a.errors, b, nf ? KVARN_ERR_NON_FINITE : KVARN_ERR_OVERFLOW,
                           nf ? kErrNonFinite : kErrOverflow, t, h);
@@ -281,7 +295,7 @@ __global__ void __launch_bounds__(256) SlotAppendWriteKernel(const SlotAppendArg
     const size_t r = r0 + lt;
     const int32_t t = static_cast<int32_t>((r >> 1) / a.hk);
     const int b = r < rows ? OwnerOf(a, t) : -1;
-    const int32_t slot = b >= 0 ? a.slots[t] : -1;
+    const int64_t slot = b >= 0 ? SlotAt(a, t) : -1;
     const bool valid = b >= 0 && slot >= 0 && slot < a.num_slots && !SequenceSkipped(a, b);
     const int which = static_cast<int>(r & 1);
     const int h = static_cast<int>((r >> 1) % a.hk);
@@ -310,8 +324,12 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   SlotAppendArgs a{};
   a.src[0] = k;
   a.src[1] = v;
+  a.row_stride[0] = launch.k_row_stride;
+  a.row_stride[1] = launch.v_row_stride;
   a.dtype = dtype;
-  a.vec = Aligned16(k) && Aligned16(v);
+  // 16-byte loads need every row start 16-byte aligned too (rows start at multiples of 8).
+  a.vec =
+      Aligned16(k) && Aligned16(v) && launch.k_row_stride % 8 == 0 && launch.v_row_stride % 8 == 0;
   a.rotate[0] = cfg.k_rotate;
   a.rotate[1] = cfg.v_rotate;
   a.scale = RotationScale(cfg.D);
@@ -324,6 +342,7 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   a.max_tokens = static_cast<int32_t>(max_tokens);
   a.indptr = token_indptr;
   a.slots = slot_mapping;
+  a.slots64 = launch.index64;
   a.seq_status = launch.seq_status;
   a.errors = s->errors;
   if (launch.seq_status == nullptr) KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
@@ -359,6 +378,7 @@ Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int
   AppendArgs a{};
   a.src[0] = k;
   a.src[1] = v;
+  a.row_stride[0] = a.row_stride[1] = static_cast<int64_t>(kv.num_kv_heads) * cfg.D;
   a.dtype = dtype;
   a.vec = Aligned16(k) && Aligned16(v);
   a.rotate[0] = cfg.k_rotate;

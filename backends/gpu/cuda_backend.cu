@@ -429,6 +429,8 @@ const BackendOps KVARN_GPU_BACKEND_TABLE = {
     PagedAppendRunOnDevice,
     PagedFlushRunOnDevice,
     PagedAttentionRunOnDevice,
+    nullptr,  // paged_append_tail_run: the tail state is CPU-only for now
+    nullptr,  // paged_flush_tail_run
 };
 #endif
 

@@ -54,7 +54,8 @@ __device__ inline void ReportDeviceError(DeviceErrorWords* e, kvarn_status_t cod
 __device__ inline void ReportSequenceError(int32_t* seq_status, DeviceErrorWords* e, int32_t seq,
                                            kvarn_status_t code, DeviceErrorKind what, int32_t a,
                                            int32_t b) {
-  if (seq_status != nullptr) {
+  // seq < 0: work of no sequence (a flush entry of a finished request): a whole-call error.
+  if (seq_status != nullptr && seq >= 0) {
     atomicCAS(&seq_status[seq], 0, static_cast<int32_t>(code));
     return;
   }

@@ -39,6 +39,7 @@
 %ignore KVARN_BACKEND_SENTINEL_;
 %ignore KVARN_CPU_ISA_SENTINEL_;
 %ignore KVARN_COPY_SENTINEL_;
+%ignore KVARN_INDEX_SENTINEL_;
 %ignore KVARN_FIELD_SENTINEL_;
 %ignore KVARN_BASELINE_SENTINEL_;
 %ignore KVARN_API;
@@ -67,6 +68,16 @@
 %ignore kvarn_launch::workspace;
 
 %include "kvarn/kvarn.h"
+
+/* The per-request tail state of kvarn_experimental.h is a first, CPU-only form: C and Rust for
+ * now, not wrapped here. */
+%ignore kvarn_tail_state;
+%ignore kvarn_tail_state_defaults;
+%ignore kvarn_tail_state_bytes;
+%ignore kvarn_paged_append_tail_run;
+%ignore kvarn_paged_flush_tail_workspace_size;
+%ignore kvarn_paged_flush_tail_run;
+%ignore kvarn_paged_attention_tail_run;
 
 /* Integer addresses (host or device memory of the context) for the pointer members. The caller
  * keeps the memory alive while the struct is used. */

@@ -167,4 +167,94 @@ kvarn_status_t kvarn_paged_attention_run(kvarn_context_t* context,
   });
 }
 
+// ---- the per-request tail state (kvarn_experimental.h) ------------------------------------------
+
+void kvarn_tail_state_defaults(kvarn_tail_state_t* tail) {
+  if (tail == nullptr) return;
+  std::memset(tail, 0, sizeof *tail);
+  tail->size = sizeof *tail;
+  tail->max_step_tokens = 1;
+}
+
+kvarn_status_t kvarn_tail_state_bytes(const kvarn_config_t* config, int32_t num_kv_heads,
+                                      int32_t max_step_tokens, size_t* out_bytes) {
+  return Guard([&]() -> Status {
+    Config c;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
+    if (out_bytes == nullptr) return kvarn::InvalidArgument("out_bytes is NULL");
+    return kvarn::TailStateBytes(c, num_kv_heads, max_step_tokens, out_bytes);
+  });
+}
+
+kvarn_status_t kvarn_paged_flush_tail_workspace_size(const kvarn_config_t* config,
+                                                     int32_t num_kv_heads, int32_t batch,
+                                                     int32_t max_step_tokens, size_t* out_bytes) {
+  return Guard([&]() -> Status {
+    Config c;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
+    if (out_bytes == nullptr) return kvarn::InvalidArgument("out_bytes is NULL");
+    return kvarn::FlushTailWorkspaceBytes(c, num_kv_heads, batch, max_step_tokens, out_bytes);
+  });
+}
+
+kvarn_status_t kvarn_paged_append_tail_run(kvarn_context_t* context, const kvarn_config_t* config,
+                                           const kvarn_paged_kv_t* kv,
+                                           const kvarn_tail_state_t* tail,
+                                           const kvarn_launch_t* launch,
+                                           const int32_t* token_indptr, size_t max_tokens,
+                                           kvarn_dtype_t dtype, const void* k, const void* v) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(context));
+    Config c;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
+    PagedKV p;
+    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, c, &p));
+    KVARN_RETURN_IF_ERROR(kvarn::ParseTailState(tail, c, &p));
+    LaunchArgs l;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseLaunch(launch, &l));
+    return kvarn::OpPagedAppendTailRun(context->impl.get(), c, p, l, token_indptr, max_tokens,
+                                       dtype, k, v);
+  });
+}
+
+kvarn_status_t kvarn_paged_flush_tail_run(kvarn_context_t* context, const kvarn_config_t* config,
+                                          const kvarn_paged_kv_t* kv,
+                                          const kvarn_tail_state_t* tail,
+                                          const kvarn_launch_t* launch, const int32_t* committed,
+                                          int32_t* record_tiles_out) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(context));
+    Config c;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
+    PagedKV p;
+    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, c, &p));
+    KVARN_RETURN_IF_ERROR(kvarn::ParseTailState(tail, c, &p));
+    LaunchArgs l;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseLaunch(launch, &l));
+    return kvarn::OpPagedFlushTailRun(context->impl.get(), c, p, l, committed, record_tiles_out);
+  });
+}
+
+kvarn_status_t kvarn_paged_attention_tail_run(kvarn_context_t* context,
+                                              const kvarn_attention_plan_t* plan,
+                                              const kvarn_paged_kv_t* kv,
+                                              const kvarn_tail_state_t* tail,
+                                              const kvarn_launch_t* launch, const int32_t* q_indptr,
+                                              const void* q, void* out, float* lse) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(context));
+    if (plan == nullptr) return kvarn::InvalidArgument("plan is NULL");
+    if (plan->context != context) {
+      return kvarn::InvalidArgument("the plan was made on another context");
+    }
+    PagedKV p;
+    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, plan->cfg, &p));
+    KVARN_RETURN_IF_ERROR(kvarn::ParseTailState(tail, plan->cfg, &p));
+    LaunchArgs l;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseLaunch(launch, &l));
+    return kvarn::OpPagedAttentionRun(context->impl.get(), plan->cfg, p, plan->shape, plan->args,
+                                      plan->plan, l, q_indptr, q, out, lse);
+  });
+}
+
 }  // extern "C"

@@ -216,6 +216,58 @@ def test_decode_loop_matches_the_host_list_calls(ctx, config, rng):
         np.testing.assert_array_equal(getattr(kv_run, name), getattr(kv_host, name), name)
 
 
+def test_fused_qkv_views_and_int64_lists_match_the_dense_step(ctx, config, rng):
+    # q, k, v as views of one fused qkv projection [B, (HQ + 2 HK) * D] and out as rows of a
+    # wider buffer (no copies: the row strides go to the C call), slot_mapping and the flush
+    # lists as int64 (vLLM's dtype): bit for bit the dense int32 step; the gap is not written.
+    eng = Engine(config, 6, rng, min_len=100, max_len=250, idle_prob=0.3)
+    kv_a, kv_b = allocate(ctx, config, eng), allocate(ctx, config, eng)
+    meta = Meta(eng.batch, eng.max_blocks)
+    plan = decode_plan(ctx, config, eng)
+    flush = kvarn.FlushPlan(ctx, config, num_kv_heads=HK, max_tiles=eng.batch)
+    B, nq, nk = eng.batch, HQ * D, HK * D
+    wide_out = np.full((B, nq + 24), 7.0, np.float32)
+    out_view = wide_out[:, :nq].reshape(B, HQ, D)
+    assert not out_view.flags.c_contiguous
+    flushes = 0
+    for step in range(250):
+        m = eng.next()
+        k, v, q = draw(rng, B)
+        meta.load(m, kv_a)
+        kvarn.paged_append_run(ctx, config, kv_a, meta.token_indptr, meta.slot_mapping, k, v,
+                               seq_status=meta.status)
+        flush.run(kv_a, meta.n_flush, meta.flush_src, meta.flush_dst, meta.flush_seq,
+                  seq_status=meta.status)
+        want = kvarn.paged_attention_run(plan, kv_a, q, seq_status=meta.status)
+
+        qkv = np.concatenate([q.reshape(B, nq), k.reshape(B, nk), v.reshape(B, nk)], axis=1)
+        qv = qkv[:, :nq].reshape(B, HQ, D)
+        kview = qkv[:, nq:nq + nk].reshape(B, HK, D)
+        vview = qkv[:, nq + nk:].reshape(B, HK, D)
+        meta.load(m, kv_b)
+        kvarn.paged_append_run(ctx, config, kv_b, meta.token_indptr,
+                               meta.slot_mapping.astype(np.int64), kview, vview,
+                               seq_status=meta.status)
+        flush.run(kv_b, meta.n_flush, meta.flush_src.astype(np.int64),
+                  meta.flush_dst.astype(np.int64), meta.flush_seq.astype(np.int64),
+                  seq_status=meta.status)
+        got = kvarn.paged_attention_run(plan, kv_b, qv, out=out_view, seq_status=meta.status)
+        assert got is out_view
+        np.testing.assert_array_equal(out_view, want, err_msg=f"step {step}")
+        assert np.all(wide_out[:, nq:] == 7.0)
+        assert not meta.status.any()
+        flushes += int(m["n_flush"][0])
+    assert flushes > 3
+    for name in ("records", "k_pages", "v_pages"):
+        np.testing.assert_array_equal(getattr(kv_a, name), getattr(kv_b, name), name)
+    # Lists of mixed integer types, and rows that overlap, are refused.
+    with pytest.raises(kvarn.DTypeError, match="the same for all"):
+        flush.run(kv_b, meta.n_flush, meta.flush_src.astype(np.int64), meta.flush_dst,
+                  meta.flush_seq, seq_status=meta.status)
+    with pytest.raises(kvarn.LayoutError, match="contiguous"):
+        kvarn.paged_attention_run(plan, kv_b, np.zeros((B, HQ, 2 * D), np.float32)[:, :, :D])
+
+
 def test_functional_flush_reuses_one_workspace_and_outputs_are_allocated(ctx, config, rng):
     eng = Engine(config, 3, rng, min_len=130, max_len=150, idle_prob=0.0)
     kv = allocate(ctx, config, eng)

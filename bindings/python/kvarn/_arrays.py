@@ -109,6 +109,7 @@ class Array(NamedTuple):
     device_type: int
     device_id: int
     keep: Any
+    row_stride: int = 0  # elements between rows (dim 0) when taken row-strided; 0 = dense
 
     @property
     def nbytes(self) -> int:
@@ -124,6 +125,34 @@ def _c_contiguous(shape: Sequence[int], strides_elems: Optional[Sequence[int]]) 
             return False
         expected *= extent
     return True
+
+
+def _row_stride(shape: Sequence[int], strides_elems: Optional[Sequence[int]]) -> Optional[int]:
+    """0 for a C-contiguous array; the dim-0 stride (elements) of an array whose rows are
+    C-contiguous and do not overlap (a view of a wider buffer, e.g. q of a fused qkv); else
+    None."""
+    if _c_contiguous(shape, strides_elems):
+        return 0
+    if strides_elems is None or len(shape) < 2 or not _c_contiguous(shape[1:], strides_elems[1:]):
+        return None
+    row = math.prod(shape[1:])
+    return int(strides_elems[0]) if strides_elems[0] >= row else None
+
+
+def _layout(name: str, shape: Sequence[int], strides_elems: Optional[Sequence[int]],
+            row_strided: bool, how: str) -> int:
+    stride = _row_stride(shape, strides_elems) if row_strided else (
+        0 if _c_contiguous(shape, strides_elems) else None)
+    if stride is None:
+        if row_strided:
+            raise LayoutError(
+                f"{name}: {how} rows are not C-contiguous and non-overlapping (strides "
+                f"{strides_elems}); call .contiguous() first"
+            )
+        raise LayoutError(
+            f"{name}: {how} is not C-contiguous (strides {strides_elems}); call .contiguous() first"
+        )
+    return stride
 
 
 def _check_device(name: str, device_type: int, device_id: int, ctx_device: Tuple[int, int]) -> None:
@@ -142,19 +171,24 @@ def _check_device(name: str, device_type: int, device_id: int, ctx_device: Tuple
         raise DeviceMismatchError(f"{name}: array is on {have}, the context on {want}{hint}")
 
 
-def _from_numpy(name: str, arr: np.ndarray, writable: bool) -> Array:
+def _from_numpy(name: str, arr: np.ndarray, writable: bool, row_strided: bool = False) -> Array:
     kind = _numpy_kind(arr.dtype)
     if kind is None:
         raise DTypeError(f"{name}: numpy dtype {arr.dtype} is not one libkvarn takes")
+    stride = 0
     if not arr.flags.c_contiguous:
-        raise LayoutError(
-            f"{name}: array is not C-contiguous (strides {arr.strides}); "
-            "pass numpy.ascontiguousarray(...) explicitly"
-        )
+        item = arr.itemsize
+        elems = [s // item for s in arr.strides] if all(s % item == 0 for s in arr.strides) else None
+        stride = _row_stride(arr.shape, elems) if row_strided and elems is not None else None
+        if stride is None:
+            raise LayoutError(
+                f"{name}: array is not C-contiguous (strides {arr.strides}); "
+                "pass numpy.ascontiguousarray(...) explicitly"
+            )
     if writable and not arr.flags.writeable:
         raise LayoutError(f"{name}: output array is read-only")
     address = arr.__array_interface__["data"][0] if arr.size else 0
-    return Array(address, tuple(arr.shape), kind, DL_CPU, 0, arr)
+    return Array(address, tuple(arr.shape), kind, DL_CPU, 0, arr, stride)
 
 
 def _dlpack_stream(ctx_device: Tuple[int, int], stream: int) -> Optional[int]:
@@ -168,7 +202,12 @@ def _dlpack_stream(ctx_device: Tuple[int, int], stream: int) -> Optional[int]:
 
 
 def take(
-    obj: Any, name: str, ctx_device: Tuple[int, int], stream: int = 0, writable: bool = False
+    obj: Any,
+    name: str,
+    ctx_device: Tuple[int, int],
+    stream: int = 0,
+    writable: bool = False,
+    row_strided: bool = False,
 ) -> Array:
     """Checks an array argument and returns its address, shape and element kind.
 
@@ -176,11 +215,13 @@ def take(
     ``__dlpack_device__`` (torch, CuPy, JAX, numpy >= 1.22) and ``__cuda_array_interface__``
     objects may be device memory. The device must be the context's (``ctx_device`` is a DLPack
     (device_type, device_id) pair); the producer is asked for the data on the context's stream.
+    row_strided: rows (dim 0) may be further apart than dense, as in a view of a wider buffer
+    (the run calls' token tensors); the result's row_stride gives their distance in elements.
     """
     if isinstance(obj, np.ndarray):
         if ctx_device[0] != DL_CPU:
             _check_device(name, DL_CPU, 0, ctx_device)
-        return _from_numpy(name, obj, writable)
+        return _from_numpy(name, obj, writable, row_strided)
     if isinstance(obj, DeviceArray):
         return obj._as_array(name, ctx_device)
     if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
@@ -199,13 +240,10 @@ def take(
                 f"{name}: DLPack dtype (code {code}, {bits} bits, {lanes} lanes) is "
                 "not one libkvarn takes"
             )
-        if not _c_contiguous(shape, strides):
-            raise LayoutError(
-                f"{name}: tensor is not C-contiguous (strides {strides}); call .contiguous() first"
-            )
+        stride = _layout(name, shape, strides, row_strided, "tensor")
         if writable and read_only:
             raise LayoutError(f"{name}: output tensor is read-only")
-        return Array(address, tuple(shape), kind, dev_type, dev_id, (owner, obj))
+        return Array(address, tuple(shape), kind, dev_type, dev_id, (owner, obj), stride)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is not None:
         # The interface names no device: the pointer is taken to be on the context's device.
@@ -219,15 +257,15 @@ def take(
                 "one libkvarn takes"
             )
         strides = cai.get("strides")
+        stride = 0
         if strides is not None:
             item = _ITEMSIZE[kind]
-            if any(s % item for s in strides) or not _c_contiguous(
-                shape, [s // item for s in strides]
-            ):
-                raise LayoutError(f"{name}: device array is not C-contiguous (strides {strides})")
+            if any(s % item for s in strides):
+                raise LayoutError(f"{name}: device array strides {strides} are not whole elements")
+            stride = _layout(name, shape, [s // item for s in strides], row_strided, "device array")
         if writable and read_only:
             raise LayoutError(f"{name}: output array is read-only")
-        return Array(int(address or 0), shape, kind, DL_CUDA, ctx_device[1], obj)
+        return Array(int(address or 0), shape, kind, DL_CUDA, ctx_device[1], obj, stride)
     try:
         view = memoryview(obj)
     except TypeError:

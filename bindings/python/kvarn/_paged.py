@@ -49,23 +49,39 @@ def _streams(ctx: Context, stream: Optional[int], arrays: Sequence[Any]) -> Tupl
     return 0, ctx.stream
 
 
-def _take(ctx: Context, obj: Any, name: str, dl_stream: int, writable: bool = False) -> A.Array:
-    return A.take(obj, name, ctx._device, dl_stream, writable)
+def _take(ctx: Context, obj: Any, name: str, dl_stream: int, writable: bool = False,
+          row_strided: bool = False) -> A.Array:
+    return A.take(obj, name, ctx._device, dl_stream, writable, row_strided)
 
 
-def _launch(stream: int, seq_status: int, workspace: int, workspace_bytes: int) -> Any:
+def _launch(stream: int, seq_status: int, workspace: int, workspace_bytes: int,
+            **layout: int) -> Any:
+    """A kvarn_launch_t; `layout`: q/k/v/out_row_stride (elements, 0 = dense) and index_type."""
     launch = capi.launch()
     capi.launch_defaults(launch)  # sets the size field
     launch.set_pointers(int(stream), int(seq_status), int(workspace))
     launch.workspace_bytes = int(workspace_bytes)
+    for field, value in layout.items():
+        setattr(launch, field, int(value))
     return launch
 
 
 def _ints(ctx: Context, obj: Any, name: str, dl: int, shape: Sequence[Optional[int]],
-          writable: bool = False) -> A.Array:
+          writable: bool = False, kinds: Sequence[str] = ("i32",)) -> A.Array:
     arr = _take(ctx, obj, name, dl, writable)
-    A.expect(arr, name, shape, ["i32"])
+    A.expect(arr, name, shape, kinds)
     return arr
+
+
+def _index_type(arrays: Sequence[Tuple[str, Optional[A.Array]]]) -> int:
+    """The launch's index_type of slot or flush lists: int32 or int64, the same for all."""
+    kinds = {arr.kind for _, arr in arrays if arr is not None}
+    if len(kinds) > 1:
+        raise DTypeError(
+            ", ".join(name for name, _ in arrays) + ": int32 or int64, the same for all (got "
+            + " and ".join(sorted(A.dtype_name(k) for k in kinds)) + ")"
+        )
+    return capi.INDEX_INT64 if kinds == {"i64"} else capi.INDEX_INT32
 
 
 def _status(ctx: Context, seq_status: Any, batch: int, dl: int) -> Tuple[int, Any]:
@@ -106,15 +122,16 @@ def paged_append_run(
     slot_mapping[t] % G of page slot_mapping[t] // G; slot -1 skips the token (padding).
 
     token_indptr: int32 [batch+1] (sequence b owns tokens [token_indptr[b], token_indptr[b+1]));
-    slot_mapping: int32 [max_tokens]; k, v: [max_tokens, Hk, D] float; seq_status: int32
-    [batch] or None; all in the context's memory. Only the pools of `kv` are written: the engine
-    owns seq_lens and the block table."""
+    slot_mapping: int32 or int64 [max_tokens]; k, v: [max_tokens, Hk, D] float, whose rows
+    (tokens) may be further apart than dense (views of a fused qkv projection: no copy);
+    seq_status: int32 [batch] or None; all in the context's memory. Only the pools of `kv` are
+    written: the engine owns seq_lens and the block table."""
     config = _config(config)
     _check_open(ctx)
     launch_stream, dl = _streams(ctx, stream, (k, kv.k_pages))
     c_kv, keep = kv._c(ctx, config, dl)
-    ka = _take(ctx, k, "k", dl)
-    va = _take(ctx, v, "v", dl)
+    ka = _take(ctx, k, "k", dl, row_strided=True)
+    va = _take(ctx, v, "v", dl, row_strided=True)
     kind = A.float_kind(ka, "k", dtype)
     if len(ka.shape) != 3:
         raise ShapeError(f"k: shape {ka.shape}, expected (max_tokens, num_kv_heads, head_dim)")
@@ -122,9 +139,11 @@ def paged_append_run(
     A.expect(ka, "k", (max_tokens, kv.num_kv_heads, config.head_dim), [ka.kind])
     A.expect(va, "v", ka.shape, [ka.kind])
     ti = _ints(ctx, token_indptr, "token_indptr", dl, (kv.batch + 1,))
-    sm = _ints(ctx, slot_mapping, "slot_mapping", dl, (max_tokens,))
+    sm = _ints(ctx, slot_mapping, "slot_mapping", dl, (max_tokens,), kinds=("i32", "i64"))
     status_address, status_keep = _status(ctx, seq_status, kv.batch, dl)
-    launch = _launch(launch_stream, status_address, 0, 0)
+    launch = _launch(launch_stream, status_address, 0, 0, k_row_stride=ka.row_stride,
+                     v_row_stride=va.row_stride,
+                     index_type=_index_type([("slot_mapping", sm)]))
     with ctx._lock:
         capi.paged_append_run(
             ctx._h(),
@@ -184,8 +203,10 @@ class FlushPlan(_Closable):
     ) -> None:
         """Quantizes the first n_tiles[0] entries of the device list: page src_pages[i] (all
         KV heads) -> record block dst_blocks[i]. n_tiles: int32 [1]; src_pages, dst_blocks,
-        tile_seqs: int32 [max_tiles] (tile_seqs, the sequence of each entry, is required with
-        seq_status); seq_status: int32 [batch] or None; all in the context's memory."""
+        tile_seqs: int32 or int64 (the same for all) [max_tiles] (tile_seqs, the sequence of each
+        entry or -1 for an entry of no sequence, e.g. a finished request's last tile, is
+        required with seq_status); seq_status: int32 [batch] or None; all in the context's
+        memory."""
         if self._closed:
             raise InvalidArgumentError("the FlushPlan is closed")
         ctx, config = self.ctx, self.config
@@ -198,13 +219,17 @@ class FlushPlan(_Closable):
         c_kv, keep = kv._c(ctx, config, dl)
         m = self.max_tiles
         nt = _ints(ctx, n_tiles, "n_tiles", dl, (1,))
-        src = _ints(ctx, src_pages, "src_pages", dl, (m,))
-        dst = _ints(ctx, dst_blocks, "dst_blocks", dl, (m,))
-        seqs = _ints(ctx, tile_seqs, "tile_seqs", dl, (m,)) if tile_seqs is not None else None
+        wide = ("i32", "i64")
+        src = _ints(ctx, src_pages, "src_pages", dl, (m,), kinds=wide)
+        dst = _ints(ctx, dst_blocks, "dst_blocks", dl, (m,), kinds=wide)
+        seqs = (_ints(ctx, tile_seqs, "tile_seqs", dl, (m,), kinds=wide)
+                if tile_seqs is not None else None)
         if seq_status is not None and seqs is None:
             raise InvalidArgumentError("tile_seqs: required with seq_status")
+        index_type = _index_type([("src_pages", src), ("dst_blocks", dst), ("tile_seqs", seqs)])
         status_address, status_keep = _status(ctx, seq_status, kv.batch, dl)
-        launch = _launch(launch_stream, status_address, self._ws_address, self.workspace_bytes)
+        launch = _launch(launch_stream, status_address, self._ws_address, self.workspace_bytes,
+                         index_type=index_type)
         with ctx._lock:
             capi.paged_flush_run(
                 ctx._h(),
@@ -371,7 +396,9 @@ class AttentionPlan(_Closable):
         """Attention of one step (``kvarn_paged_attention_run``). kv: batch, KV heads and block
         table stride equal to the plan's; seq_lens are the lengths after this step's append.
         q: [rows, Hq, D] of the plan's q_dtype, unrotated; returns out [rows, Hq, D] (allocated
-        when not given) or (out, lse) with lse float32 [rows, Hq]. A padding slot
+        when not given) or (out, lse) with lse float32 [rows, Hq]. The rows (tokens) of q and out
+        may be further apart than dense (a view of a fused qkv projection, of a larger output
+        buffer): no copy is made. A padding slot
         (seq_lens[b] == 0) gets zero rows and lse -inf; extend rows past q_indptr[batch] are not
         written. seq_status: int32 [batch] or None."""
         ctx = self.ctx
@@ -381,7 +408,7 @@ class AttentionPlan(_Closable):
         launch_stream, dl = _streams(ctx, stream, (q, out, kv.k_pages))
         c_kv, keep = kv._c(ctx, self.config, dl)
         rows, hq, d = self.rows, self.num_q_heads, self.config.head_dim
-        qa = _take(ctx, q, "q", dl)
+        qa = _take(ctx, q, "q", dl, row_strided=True)
         q_kinds = [self.q_dtype] + (["u16"] if self.q_dtype != "f32" else [])
         try:
             A.expect(qa, "q", (rows, hq, d), q_kinds)
@@ -392,7 +419,7 @@ class AttentionPlan(_Closable):
             ) from None
         if out is None:
             out = A.empty(ctx, q, (rows, hq, d), self.out_dtype)
-        oa = _take(ctx, out, "out", dl, writable=True)
+        oa = _take(ctx, out, "out", dl, writable=True, row_strided=True)
         A.expect(oa, "out", (rows, hq, d), [self.out_dtype] + (
             ["u16"] if self.out_dtype != "f32" else []))
         lse_address, la = 0, None
@@ -411,7 +438,8 @@ class AttentionPlan(_Closable):
                 raise InvalidArgumentError("q_indptr: an extend plan needs int32 [batch+1]")
             ia = _ints(ctx, q_indptr, "q_indptr", dl, (self.batch + 1,))
         status_address, status_keep = _status(ctx, seq_status, self.batch, dl)
-        launch = _launch(launch_stream, status_address, self._ws_address, self.workspace_bytes)
+        launch = _launch(launch_stream, status_address, self._ws_address, self.workspace_bytes,
+                         q_row_stride=qa.row_stride, out_row_stride=oa.row_stride)
         with ctx._lock:
             capi.paged_attention_run(
                 ctx._h(),

@@ -63,7 +63,8 @@
  * pointers are device pointers of the context's device, and `stream` is a cudaStream_t /
  * hipStream_t passed as void* (NULL = the default stream).
  *
- * Layouts: all tensors are dense, row-major, with the shapes written beside each argument.
+ * Layouts: all tensors are dense, row-major, with the shapes written beside each argument; the
+ * run calls of layer 2 also take token rows with a stride (kvarn_launch_t).
  * Dtypes are named by kvarn_dtype_t. "Hk" = KV heads, "Hq" = query heads (a multiple of Hk),
  * "D" = head_dim, "G" = tile tokens.
  */
@@ -496,13 +497,35 @@ KVARN_API kvarn_status_t kvarn_paged_attention(kvarn_context_t* context,
  *   - Attention output rows (and lse) of a sequence that faults, or had faulted, are unspecified.
  * ------------------------------------------------------------------------------------------- */
 
-/* Where and with what a *_run call executes. */
+/* The integer type of a run call's slot and index lists (kvarn_launch_t.index_type). */
+typedef enum kvarn_index_type {
+  KVARN_INDEX_INT32 = 0, /* int32_t (the default) */
+  KVARN_INDEX_INT64 = 1, /* int64_t (vLLM's slot_mapping, torch's default integer) */
+  KVARN_INDEX_SENTINEL_ = 0x7fffffff
+} kvarn_index_type_t;
+
+/* Where and with what a *_run call executes, and the layout of its token tensors.
+ * Row strides: a "row" is one token, [H][D] elements (H = Hk for k and v, Hq for q and out);
+ * heads stay dense inside a row. Row t starts t * stride elements after the pointer. 0 means
+ * dense (H * D); else at least H * D (rows never overlap), so an engine can pass views of a
+ * fused qkv projection ([tokens][(Hq + 2 Hk) * D]) or of a larger output buffer without a copy.
+ * A call reads the strides of the tensors it takes (append: k, v; attention: q, out) and
+ * ignores the others, so one launch struct may serve a whole step. lse stays dense. */
 typedef struct kvarn_launch {
   size_t size;            /* sizeof(kvarn_launch_t) */
   void* stream;           /* cudaStream_t / hipStream_t of this call; NULL = the context's */
   int32_t* seq_status;    /* [batch] int32 per-sequence status (context memory), or NULL */
   void* workspace;        /* caller-owned scratch (context memory); NULL when none is needed */
   size_t workspace_bytes; /* bytes at workspace */
+  /* Later fields (growable struct: a caller built with an older header gets 0, as before). */
+  int64_t q_row_stride;   /* elements between query tokens of q; 0 = dense */
+  int64_t k_row_stride;   /* elements between tokens of k; 0 = dense */
+  int64_t v_row_stride;   /* elements between tokens of v; 0 = dense */
+  int64_t out_row_stride; /* elements between tokens of out; 0 = dense */
+  /* The type of slot_mapping (append) and of src_pages, dst_blocks, tile_seqs (flush): the
+   * pointers are passed as const int32_t* and read as int64_t when KVARN_INDEX_INT64. The
+   * indptr arrays, n_tiles, and kv's tables stay int32. Default KVARN_INDEX_INT32. */
+  kvarn_index_type_t index_type;
 } kvarn_launch_t;
 
 KVARN_API void kvarn_launch_defaults(kvarn_launch_t* launch);
@@ -513,10 +536,12 @@ KVARN_API void kvarn_launch_defaults(kvarn_launch_t* launch);
  * [token_indptr[b], token_indptr[b+1]) (for seq_status). Of kv, only num_kv_heads, batch,
  * k_pages, v_pages and num_pages are read: append never reads seq_lens or block_table, so one
  * set of lengths (after the append) serves append and attention.
- * token_indptr: [batch+1] int32, slot_mapping: [max_tokens] int32, both context memory;
- * k, v: [max_tokens][Hk][D] of dtype. max_tokens (host) sizes the launch. Data errors: a bad
- * token_indptr range (see "Row ranges": not starting at 0, decreasing, or beyond max_tokens),
- * a slot outside the page pool, a non-finite or fp16-overflowing row. No workspace. */
+ * token_indptr: [batch+1] int32, slot_mapping: [max_tokens] int32 (int64 with
+ * launch->index_type KVARN_INDEX_INT64), both context memory;
+ * k, v: [max_tokens][Hk][D] of dtype, tokens launch->k_row_stride / v_row_stride elements apart.
+ * max_tokens (host) sizes the launch. Data errors: a bad token_indptr range (see "Row
+ * ranges": not starting at 0, decreasing, or beyond max_tokens), a slot outside the page
+ * pool, a non-finite or fp16-overflowing row. No workspace. */
 KVARN_API kvarn_status_t kvarn_paged_append_run(
     kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
     const kvarn_launch_t* launch, const int32_t* token_indptr, const int32_t* slot_mapping,
@@ -529,14 +554,18 @@ KVARN_API kvarn_status_t kvarn_paged_flush_workspace_size(const kvarn_config_t* 
 
 /* Quantizes the first *n_tiles entries of a device list: page src_pages[i] (all Hk heads) ->
  * record block dst_blocks[i]. n_tiles: one int32 in context memory; max_tiles (host) sizes the
- * launch. src_pages, dst_blocks, tile_seqs: [max_tiles] int32, context memory; tile_seqs[i]
- * names the sequence (0..batch-1) entry i belongs to, and is required with launch->seq_status
- * (else it may be NULL). Of kv, only num_kv_heads, batch and the pools are read.
+ * launch. src_pages, dst_blocks, tile_seqs: [max_tiles] int32 (int64 with launch->index_type
+ * KVARN_INDEX_INT64), context memory; tile_seqs[i] names the sequence (0..batch-1) entry i
+ * belongs to, or is -1 for an entry of no sequence (a request that has left the batch, whose
+ * last tile is still to be quantized, e.g. for prefix caching): such an entry is flushed
+ * whatever seq_status holds. tile_seqs is required with launch->seq_status (else it may be NULL
+ * and is not read). Of kv, only num_kv_heads, batch and the pools are read.
  * Data errors of an entry (its sequence's, per the error model above): a page or block outside
  * its pool, a NaN/Inf in the page, a scale beyond fp16. Data errors of the call (nothing is
  * flushed, reported as without seq_status): *n_tiles outside [0, max_tiles], a tile_seqs entry
- * outside the batch. Workspace: kvarn_paged_flush_workspace_size bytes, 256-byte aligned on a
- * GPU context (as kvarn_memory_alloc and cudaMalloc return). */
+ * that is neither in the batch nor -1, a data error of an entry whose tile_seqs is -1. Workspace:
+ * kvarn_paged_flush_workspace_size bytes, 256-byte aligned on a GPU context (as kvarn_memory_alloc
+ * and cudaMalloc return). */
 KVARN_API kvarn_status_t kvarn_paged_flush_run(kvarn_context_t* context,
                                                const kvarn_config_t* config,
                                                const kvarn_paged_kv_t* kv,
@@ -589,9 +618,11 @@ KVARN_API kvarn_status_t kvarn_attention_plan_kernel(const kvarn_attention_plan_
  * lengths after this step's append), record_tiles and block_table in context memory.
  * q_indptr: decode plans NULL; extend plans [batch+1] int32 in context memory (sequence b has
  * q_indptr[b+1] - q_indptr[b] <= max_q_per_seq query tokens; a bad range, see "Row ranges"
- * with limit max_total_q, or more tokens is a data error). q, out: [rows][Hq][D], lse: [rows][Hq]
- * float or NULL, rows = batch (decode) or max_total_q (extend; rows past q_indptr[batch] are not
- * written). launch->workspace: kvarn_attention_plan_workspace_size bytes. */
+ * with limit max_total_q, or more tokens is a data error). q, out: [rows][Hq][D], tokens
+ * launch->q_row_stride / out_row_stride elements apart (only the rows' [Hq][D] elements are
+ * read or written); lse: [rows][Hq] float or NULL, dense; rows = batch (decode) or
+ * max_total_q (extend; rows past q_indptr[batch] are not written).
+ * launch->workspace: kvarn_attention_plan_workspace_size bytes. */
 KVARN_API kvarn_status_t kvarn_paged_attention_run(
     kvarn_context_t* context, const kvarn_attention_plan_t* plan, const kvarn_paged_kv_t* kv,
     const kvarn_launch_t* launch, const int32_t* q_indptr, const void* q, void* out, float* lse);

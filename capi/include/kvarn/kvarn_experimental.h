@@ -14,10 +14,12 @@
  *   - the KVARN_ABLATE_* flags, the values of kvarn_config_t's key_flags / value_flags fields
  *     (kvarn.h keeps the fields, for layout stability; 0 is their only stable value), which
  *     switch parts of the KVarN algorithm off to compute baselines with the same code;
- *   - kvarn_baseline_roundtrip, reference quantizers the KVarN record is compared against.
+ *   - kvarn_baseline_roundtrip, reference quantizers the KVarN record is compared against;
+ *   - the per-request tail state of the one-pool memory model (docs/ENGINES.md): a first form,
+ *     CPU only, for engines to try before it moves to kvarn.h.
  *
- * kvarn_baseline_roundtrip is exported by libkvarn.so like the stable functions (it is listed in
- * capi/symbols.txt), but its signature and behaviour are covered by this banner, not by the
+ * These functions are exported by libkvarn.so like the stable ones (they are listed in
+ * capi/symbols.txt), but their signatures and behaviour are covered by this banner, not by the
  * ABI rules of kvarn.h. The rules of kvarn.h otherwise apply (status codes, kvarn_last_error,
  * nothing written on failure).
  */
@@ -59,6 +61,81 @@ typedef enum kvarn_baseline {
 KVARN_API kvarn_status_t kvarn_baseline_roundtrip(kvarn_baseline_t method, int32_t bits,
                                                   size_t rows, int32_t cols, const float* in,
                                                   float* out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Per-request tail state: the one-pool memory model (docs/ENGINES.md), CPU backend only
+ *
+ * Every complete tile of a sequence is a record block of the engine's block pool (no fp16 sink:
+ * the config's sink_tiles must be 0); the tokens past them, the partial tile and those of the
+ * current step, live in a fixed-size tail slot per sequence whose index the engine assigns:
+ *   tiles [0, record_tiles[b])            record blocks block_table[b][i]
+ *   tokens [record_tiles[b] * G, N_b)     rows 0.. of slot tail_slots[b]
+ *   slot s:  states + s * slot_bytes: K, then V, each fp16 [Hk][cap][D] in the cache frame,
+ *            cap = G - 1 + max_step_tokens rounded up to a multiple of 8.
+ * A step is append (positions from the lengths after the append; no slot mapping), the flush of
+ * the committed complete tiles (from the lengths; no host list), attention. The calls follow the
+ * run calls' rules (kvarn.h "plan / run": device-resident metadata, launch, status array, error
+ * model); backends without the tail state (CUDA, ROCm) return KVARN_ERR_UNSUPPORTED.
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kvarn_tail_state {
+  size_t size;             /* sizeof(kvarn_tail_state_t) */
+  void* states;            /* num_slots slots of slot_bytes bytes (context memory) */
+  size_t slot_bytes;       /* bytes between slots: >= kvarn_tail_state_bytes, a multiple of 2 */
+  int32_t max_step_tokens; /* tokens one step may append to a sequence (>= 1; default 1) */
+  int32_t num_slots;       /* slots at states (bounds check) */
+  const int32_t* slots;    /* [batch] the slot of each sequence (context memory) */
+} kvarn_tail_state_t;
+
+KVARN_API void kvarn_tail_state_defaults(kvarn_tail_state_t* tail);
+
+/* Bytes of one tail slot: 2 (K, V) * Hk * cap * D * 2, cap as above. */
+KVARN_API kvarn_status_t kvarn_tail_state_bytes(const kvarn_config_t* config, int32_t num_kv_heads,
+                                                int32_t max_step_tokens, size_t* out_bytes);
+
+/* Appends tokens into the tail slots: token t of sequence b (t in [token_indptr[b],
+ * token_indptr[b+1])) is at position seq_lens[b] - (token_indptr[b+1] - t) (kv->seq_lens are
+ * the lengths after this append) and goes, rotated and rounded to fp16, to row
+ * position - record_tiles[b] * G of slot tail->slots[b]. Of kv, num_kv_heads, batch, seq_lens
+ * and record_tiles are read (block_table must be set, as for attention, but is not read). k, v,
+ * max_tokens, dtype and the launch's row strides as for kvarn_paged_append_run. Data errors: a row
+ * outside [0, cap), a slot outside the slots, a non-finite or fp16-overflowing row, token_indptr
+ * decreasing. */
+KVARN_API kvarn_status_t kvarn_paged_append_tail_run(
+    kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
+    const kvarn_tail_state_t* tail, const kvarn_launch_t* launch, const int32_t* token_indptr,
+    size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v);
+
+/* Workspace bytes of kvarn_paged_flush_tail_run for `batch` sequences. */
+KVARN_API kvarn_status_t kvarn_paged_flush_tail_workspace_size(const kvarn_config_t* config,
+                                                               int32_t num_kv_heads, int32_t batch,
+                                                               int32_t max_step_tokens,
+                                                               size_t* out_bytes);
+
+/* Quantizes, for every sequence b, the tiles record_tiles[b] .. committed[b] / G - 1 (complete
+ * and committed) from the rows of its slot into the blocks block_table[b][tile], moves the
+ * slot's remaining rows (up to seq_lens[b]) to its start, and writes record_tiles_out[b] (the
+ * new count; may be kv->record_tiles itself). Uncommitted tokens are never flushed: rollback
+ * stays a length change. committed, record_tiles_out: [batch] int32, context memory.
+ * Data errors of a sequence: committed[b] outside [record_tiles[b] * G, seq_lens[b]], a table
+ * entry outside the record pool, a slot outside the slots or holding more than cap rows, a
+ * scale beyond fp16; such a sequence keeps its slot, blocks and record_tiles_out[b] =
+ * record_tiles[b]. Workspace: kvarn_paged_flush_tail_workspace_size bytes.
+ * It may run before attention (tokens committed at once, e.g. a prefill chunk: attention then
+ * reads the completed tiles as records) or after it (speculative tokens: the committed lengths
+ * are known after verification); attention gives the same result either way up to the
+ * quantization of the tiles it reads as records. */
+KVARN_API kvarn_status_t kvarn_paged_flush_tail_run(
+    kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
+    const kvarn_tail_state_t* tail, const kvarn_launch_t* launch, const int32_t* committed,
+    int32_t* record_tiles_out);
+
+/* kvarn_paged_attention_run over records and tail slots (tiles past record_tiles[b] are read
+ * from the slot). The plan's config must have sink_tiles 0. */
+KVARN_API kvarn_status_t kvarn_paged_attention_tail_run(
+    kvarn_context_t* context, const kvarn_attention_plan_t* plan, const kvarn_paged_kv_t* kv,
+    const kvarn_tail_state_t* tail, const kvarn_launch_t* launch, const int32_t* q_indptr,
+    const void* q, void* out, float* lse);
 
 #ifdef __cplusplus
 } /* extern "C" */

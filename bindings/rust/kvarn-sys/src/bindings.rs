@@ -1106,6 +1106,11 @@ extern "C" {
         workspace_bytes: usize,
     ) -> kvarn_status_t;
 }
+pub const KVARN_INDEX_INT32: kvarn_index_type = 0;
+pub const KVARN_INDEX_INT64: kvarn_index_type = 1;
+pub const KVARN_INDEX_SENTINEL_: kvarn_index_type = 2147483647;
+pub type kvarn_index_type = ::std::os::raw::c_uint;
+pub use self::kvarn_index_type as kvarn_index_type_t;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kvarn_launch {
@@ -1114,12 +1119,17 @@ pub struct kvarn_launch {
     pub seq_status: *mut i32,
     pub workspace: *mut ::std::os::raw::c_void,
     pub workspace_bytes: usize,
+    pub q_row_stride: i64,
+    pub k_row_stride: i64,
+    pub v_row_stride: i64,
+    pub out_row_stride: i64,
+    pub index_type: kvarn_index_type_t,
 }
 #[test]
 fn bindgen_test_layout_kvarn_launch() {
     assert_eq!(
         ::std::mem::size_of::<kvarn_launch>(),
-        40usize,
+        80usize,
         concat!("Size of: ", stringify!(kvarn_launch))
     );
     assert_eq!(
@@ -1212,6 +1222,91 @@ fn bindgen_test_layout_kvarn_launch() {
         );
     }
     test_field_workspace_bytes();
+    fn test_field_q_row_stride() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).q_row_stride) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(q_row_stride)
+            )
+        );
+    }
+    test_field_q_row_stride();
+    fn test_field_k_row_stride() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).k_row_stride) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(k_row_stride)
+            )
+        );
+    }
+    test_field_k_row_stride();
+    fn test_field_v_row_stride() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).v_row_stride) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(v_row_stride)
+            )
+        );
+    }
+    test_field_v_row_stride();
+    fn test_field_out_row_stride() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).out_row_stride) as usize - ptr as usize
+            },
+            64usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(out_row_stride)
+            )
+        );
+    }
+    test_field_out_row_stride();
+    fn test_field_index_type() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_launch>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).index_type) as usize - ptr as usize
+            },
+            72usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_launch),
+                "::",
+                stringify!(index_type)
+            )
+        );
+    }
+    test_field_index_type();
 }
 pub type kvarn_launch_t = kvarn_launch;
 extern "C" {
@@ -1863,5 +1958,189 @@ extern "C" {
         cols: i32,
         in_: *const f32,
         out: *mut f32,
+    ) -> kvarn_status_t;
+}
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct kvarn_tail_state {
+    pub size: usize,
+    pub states: *mut ::std::os::raw::c_void,
+    pub slot_bytes: usize,
+    pub max_step_tokens: i32,
+    pub num_slots: i32,
+    pub slots: *const i32,
+}
+#[test]
+fn bindgen_test_layout_kvarn_tail_state() {
+    assert_eq!(
+        ::std::mem::size_of::<kvarn_tail_state>(),
+        40usize,
+        concat!("Size of: ", stringify!(kvarn_tail_state))
+    );
+    assert_eq!(
+        ::std::mem::align_of::<kvarn_tail_state>(),
+        8usize,
+        concat!("Alignment of ", stringify!(kvarn_tail_state))
+    );
+    fn test_field_size() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).size) as usize - ptr as usize
+            },
+            0usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(size)
+            )
+        );
+    }
+    test_field_size();
+    fn test_field_states() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).states) as usize - ptr as usize
+            },
+            8usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(states)
+            )
+        );
+    }
+    test_field_states();
+    fn test_field_slot_bytes() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).slot_bytes) as usize - ptr as usize
+            },
+            16usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(slot_bytes)
+            )
+        );
+    }
+    test_field_slot_bytes();
+    fn test_field_max_step_tokens() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).max_step_tokens) as usize - ptr as usize
+            },
+            24usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(max_step_tokens)
+            )
+        );
+    }
+    test_field_max_step_tokens();
+    fn test_field_num_slots() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).num_slots) as usize - ptr as usize
+            },
+            28usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(num_slots)
+            )
+        );
+    }
+    test_field_num_slots();
+    fn test_field_slots() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).slots) as usize - ptr as usize
+            },
+            32usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(slots)
+            )
+        );
+    }
+    test_field_slots();
+}
+pub type kvarn_tail_state_t = kvarn_tail_state;
+extern "C" {
+    pub fn kvarn_tail_state_defaults(tail: *mut kvarn_tail_state_t);
+}
+extern "C" {
+    pub fn kvarn_tail_state_bytes(
+        config: *const kvarn_config_t,
+        num_kv_heads: i32,
+        max_step_tokens: i32,
+        out_bytes: *mut usize,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_append_tail_run(
+        context: *mut kvarn_context_t,
+        config: *const kvarn_config_t,
+        kv: *const kvarn_paged_kv_t,
+        tail: *const kvarn_tail_state_t,
+        launch: *const kvarn_launch_t,
+        token_indptr: *const i32,
+        max_tokens: usize,
+        dtype: kvarn_dtype_t,
+        k: *const ::std::os::raw::c_void,
+        v: *const ::std::os::raw::c_void,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_flush_tail_workspace_size(
+        config: *const kvarn_config_t,
+        num_kv_heads: i32,
+        batch: i32,
+        max_step_tokens: i32,
+        out_bytes: *mut usize,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_flush_tail_run(
+        context: *mut kvarn_context_t,
+        config: *const kvarn_config_t,
+        kv: *const kvarn_paged_kv_t,
+        tail: *const kvarn_tail_state_t,
+        launch: *const kvarn_launch_t,
+        committed: *const i32,
+        record_tiles_out: *mut i32,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_attention_tail_run(
+        context: *mut kvarn_context_t,
+        plan: *const kvarn_attention_plan_t,
+        kv: *const kvarn_paged_kv_t,
+        tail: *const kvarn_tail_state_t,
+        launch: *const kvarn_launch_t,
+        q_indptr: *const i32,
+        q: *const ::std::os::raw::c_void,
+        out: *mut ::std::os::raw::c_void,
+        lse: *mut f32,
     ) -> kvarn_status_t;
 }

@@ -1,0 +1,632 @@
+// The per-request tail state (kvarn_experimental.h, docs/ENGINES.md): one block pool of records
+// plus a fixed-size tail slot per request, append by lengths, a flush of the committed complete
+// tiles from device lengths (no host list), attention over blocks and slots. An engine-shaped
+// loop with speculative tokens and rollback, sequences finishing and being replaced, runs against
+// the managed cache (layer 3) doing the same steps: every attention output and lse is bit-equal.
+// CPU only; other backends refuse the calls.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kvarn/kvarn.h"
+#include "kvarn/kvarn_experimental.h"
+#include "support/gpu_test.h"
+#include "support/kvarn_test.h"
+
+namespace {
+
+using kvt::IsError;
+
+constexpr int kD = 128, kHk = 2, kGroup = 2, kHq = kHk * kGroup;
+constexpr int kBatch = 6, kMaxStep = 3;
+
+struct PlanDeleter {
+  void operator()(kvarn_attention_plan_t* p) const { kvarn_attention_plan_destroy(p); }
+};
+struct CacheDeleter {
+  void operator()(kvarn_cache_t* c) const { kvarn_cache_destroy(c); }
+};
+
+std::vector<float> Random(kvt::Rng& rng, size_t n, double scale) {
+  std::vector<float> x(n);
+  for (auto& e : x) e = static_cast<float>(scale * rng.Normal());
+  return x;
+}
+
+kvarn_config_t SinkFree() {
+  kvarn_config_t cfg = kvt::PresetConfig("k4v2_g64", kD);
+  cfg.sink_tiles = 0;  // the sink is a block like any other tile
+  return cfg;
+}
+
+// One layer of the one-pool model and its per-sequence metadata (host memory: CPU context).
+struct OnePool {
+  OnePool(const kvarn_config_t& cfg, int max_blocks, int max_step = kMaxStep)
+      : cfg(cfg), G(cfg.tile_tokens), max_blocks(max_blocks), max_step(max_step) {
+    record_stride = kvt::RecordBytes(cfg);
+    num_blocks = kBatch * max_blocks;
+    records.assign(static_cast<size_t>(num_blocks) * kHk * record_stride, 0xA5);
+    EXPECT_EQ(kvarn_tail_state_bytes(&cfg, kHk, max_step, &slot_bytes), KVARN_OK);
+    states.assign(kBatch * slot_bytes / 2, 0x7e00);  // NaN: rows past a sequence are never read
+    table.assign(static_cast<size_t>(kBatch) * max_blocks, -1);  // -1: no block yet
+    lens.assign(kBatch, 0);
+    committed.assign(kBatch, 0);
+    rtiles.assign(kBatch, 0);
+    slots.resize(kBatch);
+    for (int b = 0; b < kBatch; ++b) slots[b] = kBatch - 1 - b;  // any assignment works
+    for (int r = num_blocks - 1; r >= 0; --r) free_blocks.push_back(r);
+  }
+  kvarn_paged_kv_t View() {
+    kvarn_paged_kv_t kv;
+    kvarn_paged_kv_defaults(&kv);
+    kv.num_kv_heads = kHk;
+    kv.batch = kBatch;
+    kv.records = records.data();
+    kv.record_stride = record_stride;
+    kv.num_record_blocks = num_blocks;
+    kv.block_table = table.data();
+    kv.max_blocks_per_seq = max_blocks;
+    kv.seq_lens = lens.data();
+    kv.record_tiles = rtiles.data();
+    return kv;
+  }
+  kvarn_tail_state_t Tail() {
+    kvarn_tail_state_t t;
+    kvarn_tail_state_defaults(&t);
+    t.states = states.data();
+    t.slot_bytes = slot_bytes;
+    t.max_step_tokens = max_step;
+    t.num_slots = kBatch;
+    t.slots = slots.data();
+    return t;
+  }
+  int32_t& Entry(int b, int tile) { return table[static_cast<size_t>(b) * max_blocks + tile]; }
+  // A block for each tile that tokens [lens, lens + n) touch (kept across a rollback).
+  void Reserve(int b, int n) {
+    if (n <= 0) return;
+    for (int64_t tile = lens[b] / G; tile <= (lens[b] + n - 1) / G; ++tile) {
+      int32_t& e = Entry(b, static_cast<int>(tile));
+      if (e >= 0) continue;
+      ASSERT_FALSE(free_blocks.empty());
+      e = free_blocks.back();
+      free_blocks.pop_back();
+    }
+  }
+  void Release(int b) {
+    for (int t = 0; t < max_blocks; ++t) {
+      if (Entry(b, t) >= 0) free_blocks.push_back(Entry(b, t));
+      Entry(b, t) = -1;
+    }
+    lens[b] = committed[b] = rtiles[b] = 0;
+  }
+
+  kvarn_config_t cfg;
+  int G, max_blocks, max_step, num_blocks;
+  size_t record_stride, slot_bytes = 0;
+  std::vector<uint8_t> records;
+  std::vector<uint16_t> states;
+  std::vector<int32_t> table, lens, committed, rtiles, slots, free_blocks;
+};
+
+TEST(TailState, SpeculativeLoopMatchesTheManagedCache) {
+  // 250 steps of 6 sequences: each appends 1..3 tokens (a token and up to 2 drafts), attends
+  // (extend: one query per new token), keeps 1..n of them (the rest is rolled back by a length
+  // change) and flushes its committed complete tiles; a sequence finishes at 150..260 tokens and
+  // a new one takes its slot. The managed cache does the same with speculative appends, commit
+  // and truncate: outputs and lse agree bit for bit every step.
+  KVT_SEEDED_RNG(rng, 0);
+  auto ctx = kvt::MakeCpuContext(2);
+  const kvarn_config_t cfg = SinkFree();
+  const int G = cfg.tile_tokens, max_len = 260, max_blocks = (max_len + kMaxStep) / G + 1;
+  OnePool pool(cfg, max_blocks);
+  kvarn_cache_options_t opt;
+  kvarn_cache_options_defaults(&opt);
+  opt.config = cfg;
+  opt.num_layers = 1;
+  opt.num_kv_heads = kHk;
+  opt.max_tokens = kBatch * (max_len + G);
+  opt.max_sequences = kBatch;
+  kvarn_cache_t* raw_cache = nullptr;
+  KVT_ASSERT_OK(kvarn_cache_create(ctx.get(), &opt, &raw_cache));
+  std::unique_ptr<kvarn_cache_t, CacheDeleter> cache(raw_cache);
+  std::vector<int64_t> ids(kBatch), target(kBatch);
+  int64_t next_id = 100;
+  for (int b = 0; b < kBatch; ++b) {
+    ids[b] = next_id++;
+    target[b] = rng.Int(150, max_len);
+    KVT_ASSERT_OK(kvarn_cache_add_sequence(cache.get(), ids[b]));
+  }
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  kvarn_attention_shape_t shape;
+  kvarn_attention_shape_defaults(&shape);
+  shape.batch = kBatch;
+  shape.num_kv_heads = kHk;
+  shape.max_blocks_per_seq = max_blocks;
+  shape.max_q_per_seq = kMaxStep;
+  shape.max_total_q = kBatch * kMaxStep;
+  kvarn_attention_plan_t* raw_plan = nullptr;
+  KVT_ASSERT_OK(kvarn_attention_plan_create(ctx.get(), &cfg, &shape, &ap, &raw_plan));
+  std::unique_ptr<kvarn_attention_plan_t, PlanDeleter> plan(raw_plan);
+  size_t ws_bytes = 0;
+  KVT_ASSERT_OK(kvarn_paged_flush_tail_workspace_size(&cfg, kHk, kBatch, kMaxStep, &ws_bytes));
+  std::vector<uint8_t> ws(ws_bytes);
+  std::vector<int32_t> status(kBatch, 0);
+  int flushed_tiles = 0, rolled_back = 0, finished = 0;
+  for (int step = 0; step < 250; ++step) {
+    // Finished sequences leave; a new one takes the slot.
+    for (int b = 0; b < kBatch; ++b) {
+      if (pool.committed[b] < target[b]) continue;
+      pool.Release(b);
+      KVT_ASSERT_OK(kvarn_cache_remove_sequence(cache.get(), ids[b]));
+      ids[b] = next_id++;
+      target[b] = rng.Int(150, max_len);
+      KVT_ASSERT_OK(kvarn_cache_add_sequence(cache.get(), ids[b]));
+      ++finished;
+    }
+    std::vector<int32_t> indptr(kBatch + 1, 0), n_new(kBatch);
+    for (int b = 0; b < kBatch; ++b) {
+      n_new[b] = static_cast<int32_t>(rng.Int(1, kMaxStep));
+      indptr[b + 1] = indptr[b] + n_new[b];
+    }
+    const size_t tokens = static_cast<size_t>(indptr[kBatch]);
+    const auto k = Random(rng, tokens * kHk * kD, 2.0), v = Random(rng, tokens * kHk * kD, 1.0);
+    const auto q = Random(rng, tokens * kHq * kD, 0.3);
+    // The one-pool step: lengths after the append, append, attention.
+    for (int b = 0; b < kBatch; ++b) {
+      pool.Reserve(b, n_new[b]);
+      pool.lens[b] += n_new[b];
+    }
+    kvarn_paged_kv_t kv = pool.View();
+    kvarn_tail_state_t tail = pool.Tail();
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    launch.seq_status = status.data();
+    KVT_ASSERT_OK(kvarn_paged_append_tail_run(ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(),
+                                              tokens, KVARN_DTYPE_F32, k.data(), v.data()));
+    std::vector<float> out(static_cast<size_t>(shape.max_total_q) * kHq * kD),
+        lse(static_cast<size_t>(shape.max_total_q) * kHq);
+    KVT_ASSERT_OK(kvarn_paged_attention_tail_run(ctx.get(), plan.get(), &kv, &tail, &launch,
+                                                 indptr.data(), q.data(), out.data(), lse.data()));
+    // The managed cache: speculative appends, attention over the same queries.
+    for (int b = 0; b < kBatch; ++b) {
+      KVT_ASSERT_OK(kvarn_cache_append(cache.get(), ids[b], 0, n_new[b], KVARN_DTYPE_F32,
+                                       k.data() + static_cast<size_t>(indptr[b]) * kHk * kD,
+                                       v.data() + static_cast<size_t>(indptr[b]) * kHk * kD,
+                                       KVARN_APPEND_SPECULATIVE));
+    }
+    std::vector<float> ref_out(out.size()), ref_lse(lse.size());
+    kvarn_attention_params_t cap = ap;
+    cap.q_indptr = indptr.data();
+    KVT_ASSERT_OK(kvarn_cache_attention(cache.get(), 0, kBatch, ids.data(), &cap, q.data(),
+                                        ref_out.data(), ref_lse.data()));
+    ASSERT_EQ(std::memcmp(out.data(), ref_out.data(), tokens * kHq * kD * 4), 0) << "step " << step;
+    ASSERT_EQ(std::memcmp(lse.data(), ref_lse.data(), tokens * kHq * 4), 0) << "step " << step;
+    // Verification keeps 1..n_new tokens: commit them, roll the rest back (a length change),
+    // then flush the committed complete tiles from the lengths.
+    for (int b = 0; b < kBatch; ++b) {
+      const int keep = static_cast<int>(rng.Int(1, n_new[b]));
+      rolled_back += n_new[b] - keep;
+      pool.committed[b] += keep;
+      pool.lens[b] = pool.committed[b];
+      KVT_ASSERT_OK(kvarn_cache_commit(cache.get(), ids[b], pool.committed[b]));
+      KVT_ASSERT_OK(kvarn_cache_truncate(cache.get(), ids[b], pool.committed[b]));
+    }
+    const std::vector<int32_t> rt_before = pool.rtiles;
+    launch.workspace = ws.data();
+    launch.workspace_bytes = ws.size();
+    KVT_ASSERT_OK(kvarn_paged_flush_tail_run(ctx.get(), &cfg, &kv, &tail, &launch,
+                                             pool.committed.data(), pool.rtiles.data()));
+    for (int b = 0; b < kBatch; ++b) {
+      ASSERT_EQ(pool.rtiles[b], pool.committed[b] / G) << "step " << step << " sequence " << b;
+      flushed_tiles += pool.rtiles[b] - rt_before[b];
+    }
+    ASSERT_EQ(status, std::vector<int32_t>(kBatch, 0)) << "step " << step;
+  }
+  EXPECT_GT(flushed_tiles, 20);
+  EXPECT_GT(rolled_back, 100);
+  EXPECT_GT(finished, 3);
+}
+
+TEST(TailState, ChunkedPrefillMixedWithDecodeMatchesTheManagedCache) {
+  // Slots sized for 64 tokens a step: each new request prefills a 100..300-token prompt in
+  // chunks of up to 64 tokens while the other sequences decode one token a step, all in one
+  // extend call per step (append, flush, attention); a request finishes after 20..60 decoded
+  // tokens and a new prompt takes its slot. Against the managed cache doing the same appends:
+  // outputs and lse bit-equal.
+  KVT_SEEDED_RNG(rng, 0);
+  auto ctx = kvt::MakeCpuContext(2);
+  const kvarn_config_t cfg = SinkFree();
+  constexpr int kChunk = 64;
+  const int G = cfg.tile_tokens, max_len = 360, max_blocks = max_len / G + 2;
+  OnePool pool(cfg, max_blocks, kChunk);
+  kvarn_cache_options_t opt;
+  kvarn_cache_options_defaults(&opt);
+  opt.config = cfg;
+  opt.num_layers = 1;
+  opt.num_kv_heads = kHk;
+  opt.max_tokens = kBatch * (max_len + 2 * G);
+  opt.max_sequences = kBatch;
+  kvarn_cache_t* raw_cache = nullptr;
+  KVT_ASSERT_OK(kvarn_cache_create(ctx.get(), &opt, &raw_cache));
+  std::unique_ptr<kvarn_cache_t, CacheDeleter> cache(raw_cache);
+  std::vector<int64_t> ids(kBatch), prompt(kBatch), target(kBatch);
+  int64_t next_id = 1;
+  const auto start = [&](int b) {
+    ids[b] = next_id++;
+    prompt[b] = rng.Int(100, 300);
+    target[b] = prompt[b] + rng.Int(20, 60);
+    return kvarn_cache_add_sequence(cache.get(), ids[b]);
+  };
+  for (int b = 0; b < kBatch; ++b) KVT_ASSERT_OK(start(b));
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  kvarn_attention_shape_t shape;
+  kvarn_attention_shape_defaults(&shape);
+  shape.batch = kBatch;
+  shape.num_kv_heads = kHk;
+  shape.max_blocks_per_seq = max_blocks;
+  shape.max_q_per_seq = kChunk;
+  shape.max_total_q = kBatch * kChunk;
+  kvarn_attention_plan_t* raw_plan = nullptr;
+  KVT_ASSERT_OK(kvarn_attention_plan_create(ctx.get(), &cfg, &shape, &ap, &raw_plan));
+  std::unique_ptr<kvarn_attention_plan_t, PlanDeleter> plan(raw_plan);
+  size_t ws_bytes = 0;
+  KVT_ASSERT_OK(kvarn_paged_flush_tail_workspace_size(&cfg, kHk, kBatch, kChunk, &ws_bytes));
+  std::vector<uint8_t> ws(ws_bytes);
+  int mixed_steps = 0, finished = 0;
+  for (int step = 0; step < 200; ++step) {
+    for (int b = 0; b < kBatch; ++b) {
+      if (pool.lens[b] < target[b]) continue;
+      pool.Release(b);
+      KVT_ASSERT_OK(kvarn_cache_remove_sequence(cache.get(), ids[b]));
+      KVT_ASSERT_OK(start(b));
+      ++finished;
+    }
+    std::vector<int32_t> indptr(kBatch + 1, 0), n_new(kBatch);
+    int prefilling = 0;
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t left = prompt[b] - pool.lens[b];
+      n_new[b] = left > 0 ? static_cast<int32_t>(std::min<int64_t>(left, rng.Int(1, kChunk))) : 1;
+      prefilling += left > 0;
+      indptr[b + 1] = indptr[b] + n_new[b];
+    }
+    mixed_steps += prefilling > 0 && prefilling < kBatch;
+    const size_t tokens = static_cast<size_t>(indptr[kBatch]);
+    const auto k = Random(rng, tokens * kHk * kD, 2.0), v = Random(rng, tokens * kHk * kD, 1.0);
+    const auto q = Random(rng, tokens * kHq * kD, 0.3);
+    for (int b = 0; b < kBatch; ++b) {
+      pool.Reserve(b, n_new[b]);
+      pool.lens[b] += n_new[b];
+    }
+    kvarn_paged_kv_t kv = pool.View();
+    kvarn_tail_state_t tail = pool.Tail();
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    KVT_ASSERT_OK(kvarn_paged_append_tail_run(ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(),
+                                              tokens, KVARN_DTYPE_F32, k.data(), v.data()));
+    // The tokens are committed at once: flush before attention, which then reads this step's
+    // completed tiles as records, as the managed cache does.
+    pool.committed = pool.lens;
+    launch.workspace = ws.data();
+    launch.workspace_bytes = ws.size();
+    KVT_ASSERT_OK(kvarn_paged_flush_tail_run(ctx.get(), &cfg, &kv, &tail, &launch,
+                                             pool.committed.data(), pool.rtiles.data()));
+    std::vector<float> out(static_cast<size_t>(shape.max_total_q) * kHq * kD),
+        lse(static_cast<size_t>(shape.max_total_q) * kHq);
+    KVT_ASSERT_OK(kvarn_paged_attention_tail_run(ctx.get(), plan.get(), &kv, &tail, &launch,
+                                                 indptr.data(), q.data(), out.data(), lse.data()));
+    for (int b = 0; b < kBatch; ++b) {
+      ASSERT_EQ(pool.rtiles[b], pool.lens[b] / G);
+      KVT_ASSERT_OK(kvarn_cache_append(cache.get(), ids[b], 0, n_new[b], KVARN_DTYPE_F32,
+                                       k.data() + static_cast<size_t>(indptr[b]) * kHk * kD,
+                                       v.data() + static_cast<size_t>(indptr[b]) * kHk * kD,
+                                       KVARN_APPEND_DEFAULT));
+    }
+    std::vector<float> ref_out(out.size()), ref_lse(lse.size());
+    kvarn_attention_params_t cap = ap;
+    cap.q_indptr = indptr.data();
+    KVT_ASSERT_OK(kvarn_cache_attention(cache.get(), 0, kBatch, ids.data(), &cap, q.data(),
+                                        ref_out.data(), ref_lse.data()));
+    ASSERT_EQ(std::memcmp(out.data(), ref_out.data(), tokens * kHq * kD * 4), 0) << "step " << step;
+    ASSERT_EQ(std::memcmp(lse.data(), ref_lse.data(), tokens * kHq * 4), 0) << "step " << step;
+  }
+  EXPECT_GT(mixed_steps, 20);
+  EXPECT_GT(finished, 5);
+}
+
+TEST(TailState, PrefixBlocksAreSharedMovedAndRecomputedBitForBit) {
+  // The engine operations of the one-pool model on three slots of one batch, all fed the same
+  // tokens and queries once aligned, attending in one call each step:
+  //   A: a request growing from 0 tokens;
+  //   B: a prefix-cache hit: its table names A's first blocks (sink included: sink 0), its slot
+  //      starts empty; it catches up with A's tokens past the prefix, then follows A;
+  //   C: A's blocks and slot copied to other block ids and another slot (a KV connector moving
+  //      the request), later preempted (released) and recomputed from A's token history.
+  // Every step the three sequences' outputs and lse are bit-equal; the shared blocks never
+  // change (no flush writes a block it does not own).
+  KVT_SEEDED_RNG(rng, 0);
+  auto ctx = kvt::MakeCpuContext(2);
+  const kvarn_config_t cfg = SinkFree();
+  const int G = cfg.tile_tokens;
+  OnePool pool(cfg, 8);
+  constexpr int A = 0, B = 2, C = 4;  // the other slots are padding (no tokens)
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  kvarn_attention_shape_t shape;
+  kvarn_attention_shape_defaults(&shape);
+  shape.batch = kBatch;
+  shape.num_kv_heads = kHk;
+  shape.max_blocks_per_seq = pool.max_blocks;
+  shape.max_q_per_seq = kMaxStep;
+  shape.max_total_q = kBatch * kMaxStep;
+  kvarn_attention_plan_t* raw_plan = nullptr;
+  KVT_ASSERT_OK(kvarn_attention_plan_create(ctx.get(), &cfg, &shape, &ap, &raw_plan));
+  std::unique_ptr<kvarn_attention_plan_t, PlanDeleter> plan(raw_plan);
+  size_t ws_bytes = 0;
+  KVT_ASSERT_OK(kvarn_paged_flush_tail_workspace_size(&cfg, kHk, kBatch, kMaxStep, &ws_bytes));
+  std::vector<uint8_t> ws(ws_bytes);
+  const size_t row = static_cast<size_t>(kHk) * kD;
+  std::vector<float> hist_k, hist_v;  // A's tokens, [n][Hk][D]
+
+  // One step: sequence b appends tokens [from, from + n[b]) of A's history (fresh tokens are
+  // drawn for A first); returns the outputs [token][Hq][D] and lse per sequence.
+  struct Result {
+    std::vector<std::vector<float>> out, lse;
+  };
+  const auto step = [&](const std::vector<int>& n, const std::vector<int64_t>& from, Result* r) {
+    std::vector<int32_t> indptr(kBatch + 1, 0);
+    for (int b = 0; b < kBatch; ++b) indptr[b + 1] = indptr[b] + n[b];
+    const size_t tokens = static_cast<size_t>(indptr[kBatch]);
+    std::vector<float> k(tokens * row), v(tokens * row);
+    const auto q1 = Random(rng, static_cast<size_t>(kMaxStep) * kHq * kD, 0.3);
+    std::vector<float> q(tokens * kHq * kD);
+    for (int b = 0; b < kBatch; ++b) {
+      for (int i = 0; i < n[b]; ++i) {
+        const size_t t = static_cast<size_t>(indptr[b]) + i, src = from[b] + i;
+        if (src * row >= hist_k.size()) {  // A's new token
+          const auto nk = Random(rng, row, 2.0), nv = Random(rng, row, 1.0);
+          hist_k.insert(hist_k.end(), nk.begin(), nk.end());
+          hist_v.insert(hist_v.end(), nv.begin(), nv.end());
+        }
+        std::copy_n(hist_k.data() + src * row, row, k.data() + t * row);
+        std::copy_n(hist_v.data() + src * row, row, v.data() + t * row);
+        // The query of position `src`: the same for every sequence at that position.
+        std::copy_n(q1.data() + static_cast<size_t>(i) * kHq * kD, kHq * kD,
+                    q.data() + t * kHq * kD);
+      }
+      pool.Reserve(b, n[b]);
+      pool.lens[b] += n[b];
+    }
+    kvarn_paged_kv_t kv = pool.View();
+    kvarn_tail_state_t tail = pool.Tail();
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    KVT_ASSERT_OK(kvarn_paged_append_tail_run(ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(),
+                                              tokens, KVARN_DTYPE_F32, k.data(), v.data()));
+    std::vector<float> out(static_cast<size_t>(shape.max_total_q) * kHq * kD),
+        lse(static_cast<size_t>(shape.max_total_q) * kHq);
+    KVT_ASSERT_OK(kvarn_paged_attention_tail_run(ctx.get(), plan.get(), &kv, &tail, &launch,
+                                                 indptr.data(), q.data(), out.data(), lse.data()));
+    r->out.assign(kBatch, {});
+    r->lse.assign(kBatch, {});
+    for (int b = 0; b < kBatch; ++b) {
+      r->out[b].assign(out.begin() + static_cast<size_t>(indptr[b]) * kHq * kD,
+                       out.begin() + static_cast<size_t>(indptr[b + 1]) * kHq * kD);
+      r->lse[b].assign(lse.begin() + static_cast<size_t>(indptr[b]) * kHq,
+                       lse.begin() + static_cast<size_t>(indptr[b + 1]) * kHq);
+    }
+    pool.committed = pool.lens;
+    launch.workspace = ws.data();
+    launch.workspace_bytes = ws.size();
+    KVT_ASSERT_OK(kvarn_paged_flush_tail_run(ctx.get(), &cfg, &kv, &tail, &launch,
+                                             pool.committed.data(), pool.rtiles.data()));
+  };
+  const auto grow = [&](int b, int64_t target) {  // b catches up with A's history
+    while (pool.lens[b] < target) {
+      std::vector<int> n(kBatch, 0);
+      std::vector<int64_t> from(kBatch, 0);
+      n[b] = static_cast<int>(std::min<int64_t>(kMaxStep, target - pool.lens[b]));
+      from[b] = pool.lens[b];
+      Result r;
+      step(n, from, &r);
+    }
+  };
+  // Copies sequence `src` into slot `dst` with fresh blocks (a KV connector moving it).
+  const auto move = [&](int src, int dst) {
+    pool.Release(dst);
+    for (int t = 0; t < pool.rtiles[src]; ++t) {
+      const int32_t to = pool.free_blocks.back();
+      pool.free_blocks.pop_back();
+      pool.Entry(dst, t) = to;
+      const size_t bytes = kHk * pool.record_stride;
+      std::memcpy(pool.records.data() + to * bytes,
+                  pool.records.data() + static_cast<size_t>(pool.Entry(src, t)) * bytes, bytes);
+    }
+    const size_t slot = pool.slot_bytes / 2;
+    std::copy_n(pool.states.begin() + pool.slots[src] * slot, slot,
+                pool.states.begin() + pool.slots[dst] * slot);
+    pool.lens[dst] = pool.lens[src];
+    pool.committed[dst] = pool.committed[src];
+    pool.rtiles[dst] = pool.rtiles[src];
+  };
+
+  grow(A, 200);  // 3 complete tiles (blocks) and 8 tail rows
+  ASSERT_EQ(pool.rtiles[A], 3);
+  // B: a prefix hit on A's 3 blocks.
+  for (int t = 0; t < 3; ++t) pool.Entry(B, t) = pool.Entry(A, t);
+  pool.lens[B] = pool.committed[B] = 3 * G;
+  pool.rtiles[B] = 3;
+  std::vector<std::vector<uint8_t>> prefix;
+  for (int t = 0; t < 3; ++t) {
+    const uint8_t* p =
+        pool.records.data() + static_cast<size_t>(pool.Entry(A, t)) * kHk * pool.record_stride;
+    prefix.emplace_back(p, p + kHk * pool.record_stride);
+  }
+  grow(B, 200);
+  move(A, C);
+  int compared = 0;
+  for (int s = 0; s < 120; ++s) {
+    if (s == 60) {  // C is preempted and recomputed from A's tokens
+      pool.Release(C);
+      const int64_t len = pool.lens[A];
+      grow(C, len);
+      ASSERT_EQ(pool.rtiles[C], pool.rtiles[A]);
+    }
+    const int n = static_cast<int>(rng.Int(1, kMaxStep));
+    std::vector<int> ns(kBatch, 0);
+    std::vector<int64_t> from(kBatch, 0);
+    for (int b : {A, B, C}) {
+      ns[b] = n;
+      from[b] = pool.lens[A];
+    }
+    Result r;
+    step(ns, from, &r);
+    for (int b : {B, C}) {
+      ASSERT_EQ(r.out[b], r.out[A]) << "step " << s << " sequence " << b;
+      ASSERT_EQ(r.lse[b], r.lse[A]) << "step " << s << " sequence " << b;
+    }
+    ++compared;
+  }
+  EXPECT_EQ(compared, 120);
+  EXPECT_GE(pool.rtiles[A], 6);
+  for (int t = 0; t < 3; ++t) {
+    const uint8_t* p =
+        pool.records.data() + static_cast<size_t>(pool.Entry(A, t)) * kHk * pool.record_stride;
+    EXPECT_TRUE(std::equal(prefix[t].begin(), prefix[t].end(), p)) << "shared block " << t;
+  }
+}
+
+TEST(TailState, FaultsStayInTheirSequenceAndBadArgumentsAreRefused) {
+  KVT_SEEDED_RNG(rng, 0);
+  auto ctx = kvt::MakeCpuContext(1);
+  const kvarn_config_t cfg = SinkFree();
+  const int G = cfg.tile_tokens;
+  OnePool pool(cfg, 4);
+  // Every sequence holds G - 1 committed tokens and gets one more: one tile each to flush.
+  std::vector<int32_t> indptr(kBatch + 1);
+  for (int b = 0; b <= kBatch; ++b) indptr[b] = b * G;
+  for (int b = 0; b < kBatch; ++b) pool.Reserve(b, G);
+  for (int b = 0; b < kBatch; ++b) pool.lens[b] = G;
+  auto k = Random(rng, static_cast<size_t>(kBatch) * G * kHk * kD, 1.0);
+  const auto v = Random(rng, k.size(), 1.0);
+  k[(static_cast<size_t>(indptr[2]) + 5) * kHk * kD + 3] = NAN;  // sequence 2: a NaN key
+  kvarn_paged_kv_t kv = pool.View();
+  kvarn_tail_state_t tail = pool.Tail();
+  std::vector<int32_t> status(kBatch, 0);
+  status[4] = KVARN_ERR_CAPACITY;  // the engine faulted sequence 4 itself
+  kvarn_launch_t launch;
+  kvarn_launch_defaults(&launch);
+  launch.seq_status = status.data();
+  const std::vector<uint16_t> states0 = pool.states;
+  KVT_ASSERT_OK(kvarn_paged_append_tail_run(ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(),
+                                            indptr[kBatch], KVARN_DTYPE_F32, k.data(), v.data()));
+  EXPECT_EQ(status[2], KVARN_ERR_NON_FINITE);
+  const size_t slot_halves = pool.slot_bytes / 2;
+  for (int b : {2, 4}) {  // their slots are as before
+    const size_t s0 = static_cast<size_t>(pool.slots[b]) * slot_halves;
+    EXPECT_TRUE(std::equal(states0.begin() + s0, states0.begin() + s0 + slot_halves,
+                           pool.states.begin() + s0))
+        << "sequence " << b;
+  }
+  // Flush: sequence 1's block entry is outside the pool; the others flush their tile.
+  pool.committed = pool.lens;
+  pool.Entry(1, 0) = pool.num_blocks + 3;
+  std::vector<uint8_t> ws(1);
+  size_t ws_bytes = 0;
+  KVT_ASSERT_OK(kvarn_paged_flush_tail_workspace_size(&cfg, kHk, kBatch, kMaxStep, &ws_bytes));
+  ws.resize(ws_bytes);
+  launch.workspace = ws.data();
+  launch.workspace_bytes = ws_bytes - 1;
+  std::vector<int32_t> rt_out(kBatch, -7);
+  EXPECT_TRUE(IsError(kvarn_paged_flush_tail_run(ctx.get(), &cfg, &kv, &tail, &launch,
+                                                 pool.committed.data(), rt_out.data()),
+                      KVARN_ERR_BUFFER_TOO_SMALL, "kvarn_paged_flush_tail_workspace_size"));
+  launch.workspace_bytes = ws_bytes;
+  KVT_ASSERT_OK(kvarn_paged_flush_tail_run(ctx.get(), &cfg, &kv, &tail, &launch,
+                                           pool.committed.data(), rt_out.data()));
+  EXPECT_EQ(status, (std::vector<int32_t>{0, KVARN_ERR_INVALID_ARGUMENT, KVARN_ERR_NON_FINITE, 0,
+                                          KVARN_ERR_CAPACITY, 0}));
+  EXPECT_EQ(rt_out, (std::vector<int32_t>{1, 0, 0, 1, 0, 1}));
+  // A flushed tile's record equals the codec's record of the same tokens (cache frame).
+  {
+    const int b = 3;
+    std::vector<uint8_t> want(kHk * pool.record_stride);
+    for (int h = 0; h < kHk; ++h) {
+      std::vector<float> kt(static_cast<size_t>(G) * kD), vt(kt.size());
+      for (int t = 0; t < G; ++t) {
+        for (int d = 0; d < kD; ++d) {
+          const size_t src = ((static_cast<size_t>(indptr[b]) + t) * kHk + h) * kD + d;
+          kt[static_cast<size_t>(t) * kD + d] = k[src];
+          vt[static_cast<size_t>(t) * kD + d] = v[src];
+        }
+      }
+      KVT_ASSERT_OK(kvarn_quantize(ctx.get(), &cfg, 1, KVARN_DTYPE_F32, kt.data(), vt.data(), 0,
+                                   want.data() + h * pool.record_stride, pool.record_stride));
+    }
+    const size_t block = static_cast<size_t>(pool.Entry(b, 0));
+    EXPECT_EQ(std::memcmp(pool.records.data() + block * kHk * pool.record_stride, want.data(),
+                          want.size()),
+              0);
+  }
+
+  // Argument errors.
+  kvarn_config_t with_sink = cfg;
+  with_sink.sink_tiles = 1;
+  size_t bytes = 0;
+  EXPECT_TRUE(IsError(kvarn_tail_state_bytes(&with_sink, kHk, 1, &bytes), KVARN_ERR_UNSUPPORTED,
+                      "sink_tiles"));
+  EXPECT_TRUE(IsError(kvarn_tail_state_bytes(&cfg, kHk, 0, &bytes), KVARN_ERR_INVALID_ARGUMENT,
+                      "max_step_tokens"));
+  KVT_ASSERT_OK(kvarn_tail_state_bytes(&cfg, kHk, 1, &bytes));
+  EXPECT_EQ(bytes, 2u * kHk * 64 * kD * 2);  // cap = G - 1 + 1 = 64 rows
+  KVT_ASSERT_OK(kvarn_tail_state_bytes(&cfg, kHk, kMaxStep, &bytes));
+  EXPECT_EQ(bytes, 2u * kHk * 72 * kD * 2);  // 66 rows, rounded up to 72
+  kvarn_tail_state_t small = tail;
+  small.slot_bytes = bytes - 2;
+  EXPECT_TRUE(
+      IsError(kvarn_paged_append_tail_run(ctx.get(), &cfg, &kv, &small, &launch, indptr.data(),
+                                          indptr[kBatch], KVARN_DTYPE_F32, k.data(), v.data()),
+              KVARN_ERR_INVALID_ARGUMENT, "slot_bytes"));
+  // Attention with a plan whose config has a sink tile: refused.
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  kvarn_attention_shape_t shape;
+  kvarn_attention_shape_defaults(&shape);
+  shape.batch = kBatch;
+  shape.num_kv_heads = kHk;
+  shape.max_blocks_per_seq = pool.max_blocks;
+  kvarn_attention_plan_t* p = nullptr;
+  KVT_ASSERT_OK(kvarn_attention_plan_create(ctx.get(), &with_sink, &shape, &ap, &p));
+  std::unique_ptr<kvarn_attention_plan_t, PlanDeleter> plan(p);
+  std::vector<float> q(static_cast<size_t>(kBatch) * kHq * kD), out(q.size());
+  EXPECT_TRUE(IsError(kvarn_paged_attention_tail_run(ctx.get(), plan.get(), &kv, &tail, &launch,
+                                                     nullptr, q.data(), out.data(), nullptr),
+                      KVARN_ERR_UNSUPPORTED, "sink_tiles"));
+}
+
+TEST(TailState, OtherBackendsRefuseTheCalls) {
+  KVT_CUDA_CONTEXT_OR_SKIP(gpu);
+  const kvarn_config_t cfg = SinkFree();
+  OnePool pool(cfg, 4);
+  kvarn_paged_kv_t kv = pool.View();
+  kvarn_tail_state_t tail = pool.Tail();
+  const int32_t indptr[kBatch + 1] = {0};
+  std::vector<float> k(kHk * kD), v(kHk * kD);
+  EXPECT_TRUE(IsError(kvarn_paged_append_tail_run(gpu.get(), &cfg, &kv, &tail, nullptr, indptr, 1,
+                                                  KVARN_DTYPE_F32, k.data(), v.data()),
+                      KVARN_ERR_UNSUPPORTED, "not supported"));
+  EXPECT_TRUE(IsError(kvarn_paged_flush_tail_run(gpu.get(), &cfg, &kv, &tail, nullptr,
+                                                 pool.committed.data(), pool.rtiles.data()),
+                      KVARN_ERR_UNSUPPORTED, "not supported"));
+}
+
+}  // namespace
