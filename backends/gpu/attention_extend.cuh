@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
   for (int idx = tid; idx < kCtaRows * kD; idx += blockDim.x) {
     const int r = idx / kD, d = idx % kD;
     S.q[idx] =
-        S.qrow[r] >= 0 ? LoadElem(P.q, static_cast<size_t>(S.qrow[r]) * kD + d, P.q_dtype) : 0.f;
+        S.qrow[r] >= 0 ? LoadElem(P.q, RowElement(S.qrow[r], P.Hq, P.q_stride, kD, d), P.q_dtype) : 0.f;
   }
   __syncthreads();
   if (P.k_rotate) BlockFwht(S.q, kCtaRows, kD, P.log2D);
@@ -499,7 +499,7 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
   for (int idx = tid; idx < kCtaRows * kD; idx += blockDim.x) {
     const int r = idx / kD, d = idx % kD;
     if (S.qrow[r] >= 0) {
-      StoreElem(P.out, static_cast<size_t>(S.qrow[r]) * kD + d, P.out_dtype, S.q[idx]);
+      StoreElem(P.out, RowElement(S.qrow[r], P.Hq, P.out_stride, kD, d), P.out_dtype, S.q[idx]);
     }
   }
   if (P.lse && c == 0) {

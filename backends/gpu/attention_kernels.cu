@@ -936,10 +936,8 @@ AttnParams MakeParams(CudaState* st, const Config& cfg, const PagedKV& kv,
 // Every work item of a valid row writes its split's partial, an empty split as m = -inf.
 Status LaunchAttention(CudaState* st, const Config& cfg, const PagedKV& kv, const Plan& plan,
                        AttnParams& P) {
-  // The tensor-core kernels address q and out as dense rows: strided ones take the general
-  // kernel (same plan, as a misaligned pool does).
-  const int64_t dense = static_cast<int64_t>(P.Hq) * cfg.D;
-  const bool mma = UseMmaKernel(st, cfg, kv) && P.q_stride == dense && P.out_stride == dense;
+  // Every kernel addresses q and out rows by their strides (RowElement).
+  const bool mma = UseMmaKernel(st, cfg, kv);
   P.chunks_per_seq = plan.extend && mma ? plan.chunks_per_seq : plan.decode_chunks_per_seq;
   const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * P.chunks_per_seq);
   if (plan.extend && mma) {

@@ -966,7 +966,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
   for (int idx = tid; idx < kRows * D; idx += blockDim.x) {
     const int r = idx / D, d = idx % D;
     if (M.qrow[r] >= 0)
-      StoreElem(P.out, static_cast<size_t>(M.qrow[r]) * D + d, P.out_dtype, out[idx]);
+      StoreElem(P.out, RowElement(M.qrow[r], P.Hq, P.out_stride, D, d), P.out_dtype, out[idx]);
   }
   if (P.lse && tid < kRows && M.qrow[tid] >= 0) {
     P.lse[M.qrow[tid]] = M.m[tid] * kLn2 + logf(M.l[tid]);
