@@ -581,13 +581,6 @@ bool EnvEquals(const char* name, const char* value) {
   return e != nullptr && std::string(e) == value;
 }
 
-// KVARN_CUDA_SLICE=64: the decode family's narrow variant for D 128 and 256 (64 channels per
-// warp, twice the warps per record; tests and benchmarks compare the two).
-bool NarrowSlices() {
-  static const bool narrow = EnvEquals("KVARN_CUDA_SLICE", "64");
-  return narrow;
-}
-
 // KVARN_CUDA_ATTENTION=generic: the general kernel for every shape.
 bool ForcedGeneric() {
   static const bool forced = EnvEquals("KVARN_CUDA_ATTENTION", "generic");
@@ -706,14 +699,6 @@ Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const Attent
   return Status::Ok();
 }
 
-// The tensor-core kernels read records and pages with 16-byte copies: the pools and the record
-// stride must keep every record and page 16-byte aligned.
-bool MmaAligned(const PagedKV& kv) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return kv.record_stride % 16 == 0 && aligned(kv.records) && aligned(kv.k_pages) &&
-         aligned(kv.v_pages);
-}
-
 int Log2(int x) {
   int l = 0;
   while ((1 << l) < x) ++l;
@@ -734,6 +719,21 @@ namespace gpu {
 namespace {
 
 #if KVARN_GPU_HAS_MMA
+
+// The tensor-core kernels read records and pages with 16-byte copies: the pools and the record
+// stride must keep every record and page 16-byte aligned.
+bool MmaAligned(const PagedKV& kv) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return kv.record_stride % 16 == 0 && aligned(kv.records) && aligned(kv.k_pages) &&
+         aligned(kv.v_pages);
+}
+
+// KVARN_CUDA_SLICE=64: the decode family's narrow variant for D 128 and 256 (64 channels per
+// warp, twice the warps per record; tests and benchmarks compare the two).
+bool NarrowSlices() {
+  static const bool narrow = EnvEquals("KVARN_CUDA_SLICE", "64");
+  return narrow;
+}
 
 bool MmaShape(const CudaState* st, const Config& cfg) {
   if (st->cc_major < 8 || cfg.record_bytes() == 0) return false;
