@@ -39,12 +39,12 @@ Status ResolveRowStride(int64_t given, size_t rows, int heads, int D, const char
   }
   const int64_t stride = given == 0 ? dense : given;
   // The last row ends at (rows - 1) * stride + dense elements.
-  if (rows > 0) {
-    KVARN_RETURN_IF_ERROR(CheckBufferSize(name, rows - 1, static_cast<size_t>(stride), 4));
-    if (static_cast<size_t>(stride) * (rows - 1) * 4 > kMaxObjectBytes - dense * 4) {
-      return InvalidArgument(std::string(name) + ": the strided rows would be larger than the " +
-                             "address space");
-    }
+  size_t bytes = 0;
+  if (rows > 0 &&
+      (!CheckedMul(&bytes, rows - 1, stride, 4) ||
+       !CheckedAdd(&bytes, static_cast<size_t>(dense) * 4) || bytes > kMaxObjectBytes)) {
+    return InvalidArgument(std::string("launch->") + name +
+                           ": the strided rows would be larger than the address space");
   }
   *out = stride;
   return Status::Ok();

@@ -133,6 +133,9 @@ static int kvarn_py_get_pointer(PyObject* obj, int writable, void** ptr, Py_buff
  * passed as an integer address (or a host buffer on a CPU context). */
 %apply const void* { const int32_t* slot_mapping, const int32_t* n_tiles,
                      const int32_t* tile_seqs, const int32_t* q_indptr };
+/* The experimental tail state's flush (kvarn_experimental.h). */
+%apply const void* { const int32_t* committed };
+%apply void* { int32_t* record_tiles_out };
 
 /* ---- out-parameters become results ---------------------------------------------------------- */
 %define KVARN_OUT_HANDLE(TYPE, NAME, DESCRIPTOR)
@@ -204,9 +207,9 @@ KVARN_OUT_STRUCT(kvarn_cache_stats_t, stats, SWIGTYPE_p_kvarn_cache_stats)
 
 %include "../swig/kvarn.i"
 
-/* The experimental entry points (ablation flags, baseline quantizers) the package exposes as
- * kvarn.ABLATE_* and kvarn.baseline_roundtrip: kvarn/kvarn_experimental.h, outside the stability
- * promises of kvarn.h. */
+/* The experimental entry points (ablation flags, baseline quantizers, the tail state) the
+ * package exposes as kvarn.ABLATE_*, kvarn.baseline_roundtrip and kvarn.TailState & co:
+ * kvarn/kvarn_experimental.h, outside the stability promises of kvarn.h. */
 %{
 #include "kvarn/kvarn_experimental.h"
 %}

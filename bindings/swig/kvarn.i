@@ -69,15 +69,16 @@
 
 %include "kvarn/kvarn.h"
 
-/* The per-request tail state of kvarn_experimental.h is a first, CPU-only form: C and Rust for
- * now, not wrapped here. */
-%ignore kvarn_tail_state;
-%ignore kvarn_tail_state_defaults;
-%ignore kvarn_tail_state_bytes;
-%ignore kvarn_paged_append_tail_run;
-%ignore kvarn_paged_flush_tail_workspace_size;
-%ignore kvarn_paged_flush_tail_run;
-%ignore kvarn_paged_attention_tail_run;
+/* kvarn_experimental.h's tail state (for the languages that %include that header): its pointer
+ * members through set_pointers, as for the launch. */
+%ignore kvarn_tail_state::states;
+%ignore kvarn_tail_state::slots;
+%extend kvarn_tail_state {
+  void set_pointers(unsigned long long states, unsigned long long slots) {
+    $self->states = (void*)(uintptr_t)states;
+    $self->slots = (const int32_t*)(uintptr_t)slots;
+  }
+}
 
 /* Integer addresses (host or device memory of the context) for the pointer members. The caller
  * keeps the memory alive while the struct is used. */

@@ -12,6 +12,9 @@ function without its prefix):
   :class:`AttentionPlan`, :class:`FlushPlan`, :func:`paged_append_run`, :func:`paged_flush_run`,
   :func:`paged_attention_run`, and the torch custom ops ``torch.ops.kvarn.*``
   (:func:`register_torch_ops`, :mod:`kvarn.torch_ops`, :func:`torch_handle`);
+- experimental (kvarn_experimental.h, no stability promise, CPU only): the per-request tail state
+  of the one-pool memory model, :class:`TailState`, :func:`tail_state_bytes`,
+  :func:`paged_append_tail_run`, :class:`TailFlushPlan` and ``AttentionPlan.run(tail=...)``;
 - the managed cache :class:`Cache`;
 - :func:`selftest`;
 - :class:`Error` and its subclasses, one per status, each carrying ``.status``.
@@ -77,10 +80,14 @@ from ._cache import Cache, CacheStats
 from ._paged import (
     AttentionPlan,
     FlushPlan,
+    TailFlushPlan,
+    TailState,
     paged_append_run,
+    paged_append_tail_run,
     paged_attention_run,
     paged_flush_run,
     register_torch_ops,
+    tail_state_bytes,
     torch_handle,
 )
 from ._selftest import SelftestReport, selftest
@@ -125,6 +132,8 @@ __all__ = [
     "SelftestReport",
     "ShapeError",
     "Status",
+    "TailFlushPlan",
+    "TailState",
     "UnsupportedError",
     "__version__",
     "abi_version",
@@ -136,6 +145,7 @@ __all__ = [
     "default_context",
     "dequantize",
     "paged_append_run",
+    "paged_append_tail_run",
     "paged_attention_run",
     "paged_flush_run",
     "presets",
@@ -144,6 +154,7 @@ __all__ = [
     "rotate",
     "selftest",
     "set_max_cpu_isa",
+    "tail_state_bytes",
     "torch_handle",
     "version",
     "version_info",

@@ -469,6 +469,8 @@ class AttentionPlan:
         return_lse: bool = ...,
         seq_status: Optional[ArrayLike] = ...,
         stream: Optional[int] = ...,
+        tail: Optional[TailState] = ...,
+        tail_slots: Optional[ArrayLike] = ...,
     ) -> Any: ...
     def close(self) -> None: ...
     def __enter__(self) -> AttentionPlan: ...
@@ -502,6 +504,74 @@ def paged_flush_run(
 def paged_attention_run(plan: AttentionPlan, kv: PagedKV, q: ArrayLike, **kwargs: Any) -> Any: ...
 def torch_handle(obj: Union[AttentionPlan, FlushPlan]) -> int: ...
 def register_torch_ops() -> bool: ...
+
+# ---- experimental: the per-request tail state (kvarn_experimental.h; CPU only) ----------------
+
+def tail_state_bytes(config: Config, num_kv_heads: int, max_step_tokens: int = ...) -> int: ...
+
+class TailState:
+    ctx: Context
+    config: Config
+    num_kv_heads: int
+    num_slots: int
+    max_step_tokens: int
+    slot_bytes: int
+    states: Any
+    def __init__(
+        self,
+        ctx: Context,
+        config: Config,
+        *,
+        num_kv_heads: int,
+        num_slots: int,
+        max_step_tokens: int = ...,
+        like: Optional[ArrayLike] = ...,
+    ) -> None: ...
+
+def paged_append_tail_run(
+    ctx: Context,
+    config: Config,
+    kv: PagedKV,
+    tail: TailState,
+    tail_slots: ArrayLike,
+    token_indptr: ArrayLike,
+    k: ArrayLike,
+    v: ArrayLike,
+    *,
+    seq_status: Optional[ArrayLike] = ...,
+    dtype: Optional[DTypeLike] = ...,
+    stream: Optional[int] = ...,
+) -> None: ...
+
+class TailFlushPlan:
+    ctx: Context
+    config: Config
+    num_kv_heads: int
+    batch: int
+    max_step_tokens: int
+    workspace_bytes: int
+    workspace: Any
+    def __init__(
+        self,
+        ctx: Context,
+        config: Config,
+        *,
+        num_kv_heads: int,
+        batch: int,
+        max_step_tokens: int = ...,
+        like: Optional[ArrayLike] = ...,
+    ) -> None: ...
+    def run(
+        self,
+        kv: PagedKV,
+        tail: TailState,
+        tail_slots: ArrayLike,
+        committed: ArrayLike,
+        record_tiles_out: Optional[ArrayLike] = ...,
+        *,
+        seq_status: Optional[ArrayLike] = ...,
+        stream: Optional[int] = ...,
+    ) -> None: ...
 
 # ---- selftest -----------------------------------------------------------------------------------
 

@@ -392,8 +392,12 @@ class AttentionPlan(_Closable):
         return_lse: bool = False,
         seq_status: Any = None,
         stream: Optional[int] = None,
+        tail: Optional["TailState"] = None,
+        tail_slots: Any = None,
     ) -> Any:
-        """Attention of one step (``kvarn_paged_attention_run``). kv: batch, KV heads and block
+        """Attention of one step (``kvarn_paged_attention_run``; with `tail` and `tail_slots`
+        the experimental ``kvarn_paged_attention_tail_run``: tiles past record_tiles[b] are
+        rows of slot tail_slots[b] of the :class:`TailState`). kv: batch, KV heads and block
         table stride equal to the plan's; seq_lens are the lengths after this step's append.
         q: [rows, Hq, D] of the plan's q_dtype, unrotated; returns out [rows, Hq, D] (allocated
         when not given) or (out, lse) with lse float32 [rows, Hq]. The rows (tokens) of q and out
@@ -440,18 +444,21 @@ class AttentionPlan(_Closable):
         status_address, status_keep = _status(ctx, seq_status, self.batch, dl)
         launch = _launch(launch_stream, status_address, self._ws_address, self.workspace_bytes,
                          q_row_stride=qa.row_stride, out_row_stride=oa.row_stride)
+        if (tail is None) != (tail_slots is None):
+            raise InvalidArgumentError("tail and tail_slots: give both or neither")
+        c_tail, tail_keep = (tail._c(ctx, self.batch, tail_slots, dl) if tail is not None
+                             else (None, None))
         with ctx._lock:
-            capi.paged_attention_run(
-                ctx._h(),
-                self._h(),
-                c_kv,
-                launch,
-                ia.address if ia is not None else 0,
-                qa.address,
-                oa.address,
-                lse_address,
-            )
-        del keep, status_keep, la
+            handle = self._h()  # under the context's lock (issue 28)
+            if c_tail is None:
+                capi.paged_attention_run(ctx._h(), handle, c_kv, launch,
+                                         ia.address if ia is not None else 0, qa.address,
+                                         oa.address, lse_address)
+            else:
+                capi.paged_attention_tail_run(ctx._h(), handle, c_kv, c_tail, launch,
+                                              ia.address if ia is not None else 0, qa.address,
+                                              oa.address, lse_address)
+        del keep, status_keep, la, tail_keep
         return (out, lse) if return_lse else out
 
     def close(self) -> None:
@@ -536,3 +543,165 @@ def register_torch_ops() -> bool:
     except ImportError:
         return False
     return True
+
+
+# ---- the per-request tail state (kvarn_experimental.h: no stability promise, CPU only) -------
+
+
+def tail_state_bytes(config: Config, num_kv_heads: int, max_step_tokens: int = 1) -> int:
+    """Bytes of one request's tail slot (``kvarn_tail_state_bytes``): fp16 K and V of
+    G - 1 + max_step_tokens tokens (rounded up to 8) per KV head. The config's sink_tiles must
+    be 0. Experimental."""
+    return int(capi.tail_state_bytes(_config(config)._c(), int(num_kv_heads), int(max_step_tokens)))
+
+
+class TailState:
+    """`num_slots` tail slots of one layer (``kvarn_tail_state_t``), allocated in the context's
+    memory (`like` as for the plans). A sequence's slot index comes with each call
+    (`tail_slots`, int32 [batch] in the context's memory). Experimental, CPU only: the one-pool
+    memory model of docs/ENGINES.md, where every complete tile is a record block of the
+    :class:`PagedKV` (whose page pools may be empty) and the tokens past them live in the slot."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        config: Config,
+        *,
+        num_kv_heads: int,
+        num_slots: int,
+        max_step_tokens: int = 1,
+        like: Any = None,
+    ) -> None:
+        self.ctx = ctx
+        self.config = _config(config)
+        self.num_kv_heads = int(num_kv_heads)
+        self.num_slots = int(num_slots)
+        self.max_step_tokens = int(max_step_tokens)
+        self.slot_bytes = tail_state_bytes(self.config, self.num_kv_heads, self.max_step_tokens)
+        self.states, self._address = _workspace(ctx, self.slot_bytes * self.num_slots, like)
+
+    def _c(self, ctx: Context, batch: int, tail_slots: Any, dl: int) -> Tuple[Any, Any]:
+        if ctx is not self.ctx:
+            raise InvalidArgumentError("the TailState belongs to another context")
+        slots = _ints(ctx, tail_slots, "tail_slots", dl, (batch,))
+        t = capi.tail_state()
+        capi.tail_state_defaults(t)
+        t.set_pointers(self._address, slots.address)
+        t.slot_bytes = self.slot_bytes
+        t.max_step_tokens = self.max_step_tokens
+        t.num_slots = self.num_slots
+        return t, slots
+
+    def __repr__(self) -> str:
+        return (
+            f"TailState(num_kv_heads={self.num_kv_heads}, num_slots={self.num_slots}, "
+            f"max_step_tokens={self.max_step_tokens}, slot_bytes={self.slot_bytes})"
+        )
+
+
+def paged_append_tail_run(
+    ctx: Context,
+    config: Config,
+    kv: PagedKV,
+    tail: TailState,
+    tail_slots: Any,
+    token_indptr: Any,
+    k: Any,
+    v: Any,
+    *,
+    seq_status: Any = None,
+    dtype: Optional[str] = None,
+    stream: Optional[int] = None,
+) -> None:
+    """Appends tokens into the tail slots (``kvarn_paged_append_tail_run``): token t of
+    sequence b is at position kv.seq_lens[b] - (token_indptr[b+1] - t) (the lengths after this
+    append) and goes to row position - kv.record_tiles[b] * G of slot tail_slots[b]; no slot
+    mapping. k, v: [max_tokens, Hk, D] float (rows may be strided). Experimental."""
+    config = _config(config)
+    _check_open(ctx)
+    launch_stream, dl = _streams(ctx, stream, (k,))
+    c_kv, keep = kv._c(ctx, config, dl)
+    c_tail, tail_keep = tail._c(ctx, kv.batch, tail_slots, dl)
+    ka = _take(ctx, k, "k", dl, row_strided=True)
+    va = _take(ctx, v, "v", dl, row_strided=True)
+    kind = A.float_kind(ka, "k", dtype)
+    if len(ka.shape) != 3:
+        raise ShapeError(f"k: shape {ka.shape}, expected (max_tokens, num_kv_heads, head_dim)")
+    A.expect(ka, "k", (ka.shape[0], kv.num_kv_heads, config.head_dim), [ka.kind])
+    A.expect(va, "v", ka.shape, [ka.kind])
+    ti = _ints(ctx, token_indptr, "token_indptr", dl, (kv.batch + 1,))
+    status_address, status_keep = _status(ctx, seq_status, kv.batch, dl)
+    launch = _launch(launch_stream, status_address, 0, 0, k_row_stride=ka.row_stride,
+                     v_row_stride=va.row_stride)
+    with ctx._lock:
+        capi.paged_append_tail_run(ctx._h(), config._c(), c_kv, c_tail, launch, ti.address,
+                                   ka.shape[0], A.KIND_TO_CODE[kind], ka.address, va.address)
+    del keep, tail_keep, status_keep
+
+
+class TailFlushPlan:
+    """The workspace of :meth:`run` (``kvarn_paged_flush_tail_run``) for `batch` sequences,
+    allocated once in the context's memory. Experimental."""
+
+    def __init__(
+        self,
+        ctx: Context,
+        config: Config,
+        *,
+        num_kv_heads: int,
+        batch: int,
+        max_step_tokens: int = 1,
+        like: Any = None,
+    ) -> None:
+        self.ctx = ctx
+        self.config = _config(config)
+        self.num_kv_heads = int(num_kv_heads)
+        self.batch = int(batch)
+        self.max_step_tokens = int(max_step_tokens)
+        self.workspace_bytes = int(capi.paged_flush_tail_workspace_size(
+            self.config._c(), self.num_kv_heads, self.batch, self.max_step_tokens))
+        self.workspace, self._ws_address = _workspace(ctx, self.workspace_bytes, like)
+
+    def run(
+        self,
+        kv: PagedKV,
+        tail: TailState,
+        tail_slots: Any,
+        committed: Any,
+        record_tiles_out: Any = None,
+        *,
+        seq_status: Any = None,
+        stream: Optional[int] = None,
+    ) -> None:
+        """Quantizes every sequence's committed complete tiles (record_tiles[b] up to
+        committed[b] // G) from its slot into the blocks kv.block_table names, moves the rest of
+        the slot down and writes the new counts to record_tiles_out (int32 [batch]; default
+        kv.record_tiles, in place). committed: int32 [batch], the committed lengths. No host
+        flush list. Experimental."""
+        ctx, config = self.ctx, self.config
+        _check_open(ctx)
+        if kv.batch != self.batch or kv.num_kv_heads != self.num_kv_heads:
+            raise ShapeError(
+                f"kv: batch {kv.batch}, {kv.num_kv_heads} KV heads; the TailFlushPlan was made "
+                f"for batch {self.batch}, {self.num_kv_heads} KV heads"
+            )
+        if tail.max_step_tokens != self.max_step_tokens:
+            raise InvalidArgumentError("tail: max_step_tokens differs from the TailFlushPlan's")
+        launch_stream, dl = _streams(ctx, stream, (committed, kv.records))
+        c_kv, keep = kv._c(ctx, config, dl)
+        c_tail, tail_keep = tail._c(ctx, kv.batch, tail_slots, dl)
+        ca = _ints(ctx, committed, "committed", dl, (kv.batch,))
+        out = kv.record_tiles if record_tiles_out is None else record_tiles_out
+        ra = _ints(ctx, out, "record_tiles_out", dl, (kv.batch,), writable=True)
+        status_address, status_keep = _status(ctx, seq_status, kv.batch, dl)
+        launch = _launch(launch_stream, status_address, self._ws_address, self.workspace_bytes)
+        with ctx._lock:
+            capi.paged_flush_tail_run(ctx._h(), config._c(), c_kv, c_tail, launch, ca.address,
+                                      ra.address)
+        del keep, tail_keep, status_keep
+
+    def __repr__(self) -> str:
+        return (
+            f"TailFlushPlan(num_kv_heads={self.num_kv_heads}, batch={self.batch}, "
+            f"max_step_tokens={self.max_step_tokens}, workspace_bytes={self.workspace_bytes})"
+        )

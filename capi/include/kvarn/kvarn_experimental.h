@@ -84,7 +84,8 @@ typedef struct kvarn_tail_state {
   size_t slot_bytes;       /* bytes between slots: >= kvarn_tail_state_bytes, a multiple of 2 */
   int32_t max_step_tokens; /* tokens one step may append to a sequence (>= 1; default 1) */
   int32_t num_slots;       /* slots at states (bounds check) */
-  const int32_t* slots;    /* [batch] the slot of each sequence (context memory) */
+  const int32_t* slots;    /* [batch] the slot of each sequence (context memory); two sequences
+                              holding tokens past their records must not share a slot */
 } kvarn_tail_state_t;
 
 KVARN_API void kvarn_tail_state_defaults(kvarn_tail_state_t* tail);

@@ -1,0 +1,111 @@
+"""The experimental per-request tail state through the package (kvarn.TailState,
+paged_append_tail_run, TailFlushPlan, AttentionPlan.run(tail=...)): an engine loop with
+speculative tokens and rollback gives, bit for bit, what the managed cache (kvarn.Cache) gives
+for the same steps. CPU only (other backends refuse the calls)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvarn
+
+D = 128
+HK = 2
+HQ = 4
+B = 4
+STEP = 3  # tokens a sequence may append per step (a token and up to two drafts)
+
+
+@pytest.fixture
+def config():
+    # The one-pool model: the sink is a block like every tile.
+    return kvarn.Config.from_preset("k4v2_g64", D, sink_tiles=0)
+
+
+def test_speculative_loop_matches_the_managed_cache(ctx, config, rng):
+    g = config.tile_tokens
+    max_len = 200
+    max_blocks = (max_len + STEP) // g + 1
+    kv = kvarn.PagedKV.allocate(ctx, config, num_kv_heads=HK, num_record_blocks=B * max_blocks,
+                                num_pages=0, batch=B, max_blocks_per_seq=max_blocks)
+    tail = kvarn.TailState(ctx, config, num_kv_heads=HK, num_slots=B, max_step_tokens=STEP)
+    assert tail.slot_bytes == kvarn.tail_state_bytes(config, HK, STEP) == 2 * HK * 72 * D * 2
+    slots = np.array([3, 1, 0, 2], np.int32)
+    flush = kvarn.TailFlushPlan(ctx, config, num_kv_heads=HK, batch=B, max_step_tokens=STEP)
+    plan = kvarn.AttentionPlan(ctx, config, batch=B, num_kv_heads=HK,
+                               max_blocks_per_seq=max_blocks, num_q_heads=HQ,
+                               max_q_per_seq=STEP, max_total_q=B * STEP)
+    cache = kvarn.Cache(config, num_kv_heads=HK, max_tokens=B * (max_len + g), max_sequences=B,
+                        ctx=ctx)
+    free = list(range(B * max_blocks - 1, -1, -1))
+    kv.block_table[:] = -1
+    kv.seq_lens[:] = 0
+    kv.record_tiles[:] = 0
+    committed = np.zeros(B, np.int32)
+    status = np.zeros(B, np.int32)
+    for b in range(B):
+        cache.add_sequence(b)
+    flushed = rolled_back = 0
+    for step in range(200):
+        n = rng.integers(1, STEP + 1, size=B).astype(np.int32)
+        indptr = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+        tokens = int(indptr[-1])
+        k = (2.0 * rng.standard_normal((tokens, HK, D))).astype(np.float32)
+        v = rng.standard_normal((tokens, HK, D)).astype(np.float32)
+        q = (0.3 * rng.standard_normal((B * STEP, HQ, D))).astype(np.float32)
+        for b in range(B):  # a block for each tile the new tokens touch
+            first, last = int(kv.seq_lens[b]), int(kv.seq_lens[b]) + int(n[b]) - 1
+            for t in range(first // g, last // g + 1):
+                if kv.block_table[b, t] < 0:
+                    kv.block_table[b, t] = free.pop()
+        kv.seq_lens[:] += n
+        kvarn.paged_append_tail_run(ctx, config, kv, tail, slots, indptr, k, v,
+                                    seq_status=status)
+        out, lse = plan.run(kv, q, q_indptr=indptr, return_lse=True, seq_status=status,
+                            tail=tail, tail_slots=slots)
+        for b in range(B):
+            cache.append(b, 0, k[indptr[b]:indptr[b + 1]], v[indptr[b]:indptr[b + 1]],
+                         speculative=True)
+        ref_out, ref_lse = cache.attention(0, list(range(B)), q[:tokens], q_indptr=indptr,
+                                           return_lse=True)
+        np.testing.assert_array_equal(out[:tokens], ref_out, err_msg=f"step {step}")
+        np.testing.assert_array_equal(lse[:tokens], ref_lse, err_msg=f"step {step}")
+        # Verification keeps 1..n tokens; the rest is rolled back by a length change.
+        keep = np.array([rng.integers(1, int(x) + 1) for x in n], np.int32)
+        rolled_back += int((n - keep).sum())
+        committed += keep
+        kv.seq_lens[:] = committed
+        before = kv.record_tiles.copy()
+        flush.run(kv, tail, slots, committed, seq_status=status)
+        flushed += int((kv.record_tiles - before).sum())
+        assert np.array_equal(kv.record_tiles, committed // g)
+        for b in range(B):
+            cache.commit(b, int(committed[b]))
+            cache.truncate(b, int(committed[b]))
+        assert not status.any()
+        for b in range(B):  # finished: the slot serves a new request
+            if committed[b] >= max_len - STEP:
+                free += [int(x) for x in kv.block_table[b] if x >= 0]
+                kv.block_table[b] = -1
+                kv.seq_lens[b] = kv.record_tiles[b] = committed[b] = 0
+                cache.remove_sequence(b)
+                cache.add_sequence(b)
+    assert flushed > 10 and rolled_back > 50
+
+
+def test_argument_errors(ctx, config):
+    with pytest.raises(kvarn.UnsupportedError, match="sink_tiles"):
+        kvarn.tail_state_bytes(kvarn.Config.from_preset("k4v2_g64", D), HK)
+    with pytest.raises(kvarn.InvalidArgumentError, match="max_step_tokens"):
+        kvarn.tail_state_bytes(config, HK, 0)
+    kv = kvarn.PagedKV.allocate(ctx, config, num_kv_heads=HK, num_record_blocks=4, num_pages=0,
+                                batch=B, max_blocks_per_seq=2)
+    tail = kvarn.TailState(ctx, config, num_kv_heads=HK, num_slots=B)
+    plan = kvarn.AttentionPlan(ctx, config, batch=B, num_kv_heads=HK, max_blocks_per_seq=2,
+                               num_q_heads=HQ)
+    q = np.zeros((B, HQ, D), np.float32)
+    with pytest.raises(kvarn.InvalidArgumentError, match="give both"):
+        plan.run(kv, q, tail=tail)
+    with pytest.raises(kvarn.ShapeError, match="tail_slots"):
+        plan.run(kv, q, tail=tail, tail_slots=np.zeros(B + 1, np.int32))
