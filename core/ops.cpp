@@ -36,6 +36,20 @@ Status CheckCodecArgs(Context* ctx, const Config& cfg, kvarn_dtype_t dtype, cons
 
 }  // namespace
 
+Status CheckWorkspaceArg(const void* workspace, size_t bytes, size_t need, const char* what,
+                         const char* how) {
+  if (need > 0 && workspace == nullptr) {
+    return {KVARN_ERR_BUFFER_TOO_SMALL, std::string(what) + " is NULL; this call needs " +
+                                            std::to_string(need) + " bytes (" + how + ")"};
+  }
+  if (bytes < need) {
+    return {KVARN_ERR_BUFFER_TOO_SMALL, std::string(what) + " holds " + std::to_string(bytes) +
+                                            " bytes; this call needs " + std::to_string(need) +
+                                            " (" + how + ")"};
+  }
+  return Status::Ok();
+}
+
 Status CheckDtypeArg(const kvarn_dtype_t& dtype, const char* what) {
   const int32_t v = EnumInt(dtype);
   if (v != KVARN_DTYPE_F32 && v != KVARN_DTYPE_F16 && v != KVARN_DTYPE_BF16) {
@@ -251,11 +265,8 @@ Status OpPagedAttention(Context* ctx, const Config& cfg, const PagedKV& kv,
   KVARN_RETURN_IF_ERROR(CheckBufferSize("q or out", total_q, args.num_q_heads, cfg.D, 4));
   size_t need = 0;
   KVARN_RETURN_IF_ERROR(ctx->ops->attention_workspace(ctx, cfg, kv, args, total_q, &need));
-  if (workspace_bytes < need || (need > 0 && workspace == nullptr)) {
-    return {KVARN_ERR_BUFFER_TOO_SMALL, "workspace of " + std::to_string(workspace_bytes) +
-                                            " bytes is smaller than the " + std::to_string(need) +
-                                            " bytes needed"};
-  }
+  KVARN_RETURN_IF_ERROR(CheckWorkspaceArg(workspace, workspace_bytes, need, "workspace",
+                                          "kvarn_paged_attention_workspace_size"));
   return ctx->ops->paged_attention(ctx, cfg, kv, args, q, out, lse, workspace, workspace_bytes);
 }
 

@@ -35,6 +35,11 @@ Status CheckBufferSize(const char* what, T... factors) {
   return Status::Ok();
 }
 
+// BUFFER_TOO_SMALL unless the caller's workspace (`what`, e.g. "launch->workspace") holds
+// `need` bytes; a NULL workspace is told apart from a short one. `how` names the size query.
+Status CheckWorkspaceArg(const void* workspace, size_t bytes, size_t need, const char* what,
+                         const char* how);
+
 // INVALID_ARGUMENT naming `what` unless dtype is a kvarn_dtype_t value.
 Status CheckDtypeArg(const kvarn_dtype_t& dtype, const char* what);
 

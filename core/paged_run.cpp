@@ -14,16 +14,8 @@ namespace {
 constexpr size_t kMaxLaunchItems = 0x7fffffff;
 
 Status CheckWorkspace(const LaunchArgs& launch, size_t need, const char* how) {
-  if (need > 0 && launch.workspace == nullptr) {
-    return {KVARN_ERR_BUFFER_TOO_SMALL, "launch->workspace is NULL; this call needs " +
-                                            std::to_string(need) + " bytes (" + how + ")"};
-  }
-  if (launch.workspace_bytes < need) {
-    return {KVARN_ERR_BUFFER_TOO_SMALL,
-            "launch->workspace holds " + std::to_string(launch.workspace_bytes) +
-                " bytes; this call needs " + std::to_string(need) + " (" + how + ")"};
-  }
-  return Status::Ok();
+  return CheckWorkspaceArg(launch.workspace, launch.workspace_bytes, need, "launch->workspace",
+                           how);
 }
 
 // The row stride of a token tensor of `rows` rows of `heads` x D elements: `given` (0 = dense)
