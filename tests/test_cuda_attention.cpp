@@ -19,26 +19,7 @@ namespace {
 
 using kvt::DeviceBuffer;
 
-// A PagedCache mirrored in device memory.
-struct DeviceCache {
-  DeviceBuffer records, k_pages, v_pages, table, lens, rtiles;
-  kvarn_paged_kv_t kv;
-  DeviceCache(kvarn_context_t* ctx, kvt::PagedCache& pc)
-      : records(ctx, pc.records),
-        k_pages(ctx, pc.k_pages),
-        v_pages(ctx, pc.v_pages),
-        table(ctx, pc.block_table),
-        lens(ctx, pc.seq_lens),
-        rtiles(ctx, pc.record_tiles) {
-    kv = pc.View();
-    kv.records = records.get();
-    kv.k_pages = k_pages.get();
-    kv.v_pages = v_pages.get();
-    kv.block_table = static_cast<const int32_t*>(table.get());
-    kv.seq_lens = static_cast<const int32_t*>(lens.get());
-    kv.record_tiles = static_cast<const int32_t*>(rtiles.get());
-  }
-};
+using DeviceCache = kvt::DevicePagedCache;
 
 ::testing::AssertionResult RunCuda(kvarn_context_t* ctx, DeviceCache& dc, const kvt::PagedCache& pc,
                                    const kvt::Queries& q, int Hq, kvarn_dtype_t out_dtype,

@@ -479,16 +479,8 @@ TEST_P(PagedRun, PlanNamesItsKernelAndRefusesAPoolItCannotRead) {
     kvt::PagedCache pc;
     auto cpu = kvt::MakeCpuContext();
     ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg_, spec, rng, &pc));
-    DeviceBuffer records(ctx_.get(), pc.records), k_pages(ctx_.get(), pc.k_pages),
-        v_pages(ctx_.get(), pc.v_pages), table(ctx_.get(), pc.block_table),
-        lens(ctx_.get(), pc.seq_lens), rtiles(ctx_.get(), pc.record_tiles);
-    kvarn_paged_kv_t kv = pc.View();
-    kv.records = records.get();
-    kv.k_pages = k_pages.get();
-    kv.v_pages = v_pages.get();
-    kv.block_table = static_cast<const int32_t*>(table.get());
-    kv.seq_lens = static_cast<const int32_t*>(lens.get());
-    kv.record_tiles = static_cast<const int32_t*>(rtiles.get());
+    kvt::DevicePagedCache dev(ctx_.get(), pc);
+    kvarn_paged_kv_t kv = dev.kv;
     kvarn_attention_shape_t shape;
     kvarn_attention_shape_defaults(&shape);
     shape.batch = pc.batch;
@@ -547,17 +539,9 @@ TEST_P(PagedRun, ExtendPlanMatchesTheHostIndptrCall) {
   ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg_, spec, rng, &pc));
   const std::vector<int32_t> q_indptr = {0, 40, 41, 60, 60, 97};
   const int64_t max_total_q = 100;
-  DeviceBuffer records(ctx_.get(), pc.records), k_pages(ctx_.get(), pc.k_pages),
-      v_pages(ctx_.get(), pc.v_pages), table(ctx_.get(), pc.block_table),
-      lens(ctx_.get(), pc.seq_lens), rtiles(ctx_.get(), pc.record_tiles),
-      d_indptr(ctx_.get(), q_indptr);
-  kvarn_paged_kv_t kv = pc.View();
-  kv.records = records.get();
-  kv.k_pages = k_pages.get();
-  kv.v_pages = v_pages.get();
-  kv.block_table = static_cast<const int32_t*>(table.get());
-  kv.seq_lens = static_cast<const int32_t*>(lens.get());
-  kv.record_tiles = static_cast<const int32_t*>(rtiles.get());
+  kvt::DevicePagedCache dev(ctx_.get(), pc);
+  kvarn_paged_kv_t kv = dev.kv;
+  DeviceBuffer d_indptr(ctx_.get(), q_indptr);
   const auto q = Random(rng, static_cast<size_t>(max_total_q) * kHq * kD, 0.3);
   DeviceBuffer dq(ctx_.get(), q), out_run(ctx_.get(), std::vector<float>(q.size(), 7.f)),
       out_host(ctx_.get(), std::vector<float>(q.size(), 7.f));
@@ -878,17 +862,9 @@ TEST_P(PagedRun, StridedExtendMatchesTheDenseExtend) {
   const std::vector<int32_t> q_indptr = {0, 33, 34, 60, 80};
   const int64_t rows = 90;
   constexpr int kQ = kHq * kD, kQStride = kQ + 8 * kD, kOutStride = kQ + 24;
-  DeviceBuffer records(ctx_.get(), pc.records), k_pages(ctx_.get(), pc.k_pages),
-      v_pages(ctx_.get(), pc.v_pages), table(ctx_.get(), pc.block_table),
-      lens(ctx_.get(), pc.seq_lens), rtiles(ctx_.get(), pc.record_tiles),
-      d_indptr(ctx_.get(), q_indptr);
-  kvarn_paged_kv_t kv = pc.View();
-  kv.records = records.get();
-  kv.k_pages = k_pages.get();
-  kv.v_pages = v_pages.get();
-  kv.block_table = static_cast<const int32_t*>(table.get());
-  kv.seq_lens = static_cast<const int32_t*>(lens.get());
-  kv.record_tiles = static_cast<const int32_t*>(rtiles.get());
+  kvt::DevicePagedCache dev(ctx_.get(), pc);
+  kvarn_paged_kv_t kv = dev.kv;
+  DeviceBuffer d_indptr(ctx_.get(), q_indptr);
   std::vector<uint16_t> q_dense(static_cast<size_t>(rows) * kQ),
       q_wide(static_cast<size_t>(rows) * kQStride, 0x7e00);  // NaN in the gaps: never read
   for (size_t r = 0; r < static_cast<size_t>(rows); ++r) {

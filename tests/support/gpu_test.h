@@ -78,4 +78,26 @@ class DeviceBuffer {
   void* ptr_ = nullptr;
 };
 
+// A PagedCache (support/kvarn_test.h) mirrored in a context's memory, and its kvarn_paged_kv_t
+// view pointing there.
+struct DevicePagedCache {
+  DeviceBuffer records, k_pages, v_pages, table, lens, rtiles;
+  kvarn_paged_kv_t kv;
+  DevicePagedCache(kvarn_context_t* ctx, PagedCache& pc)
+      : records(ctx, pc.records),
+        k_pages(ctx, pc.k_pages),
+        v_pages(ctx, pc.v_pages),
+        table(ctx, pc.block_table),
+        lens(ctx, pc.seq_lens),
+        rtiles(ctx, pc.record_tiles) {
+    kv = pc.View();
+    kv.records = records.get();
+    kv.k_pages = k_pages.get();
+    kv.v_pages = v_pages.get();
+    kv.block_table = static_cast<const int32_t*>(table.get());
+    kv.seq_lens = static_cast<const int32_t*>(lens.get());
+    kv.record_tiles = static_cast<const int32_t*>(rtiles.get());
+  }
+};
+
 }  // namespace kvt
