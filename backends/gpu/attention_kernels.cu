@@ -20,110 +20,14 @@
 #include <cstdlib>
 #include <string>
 
+#include "backends/gpu/attention_common.cuh"
+#include "backends/gpu/attention_mma_family.h"
 #include "backends/gpu/gpu_common.cuh"
 #include "backends/gpu/gpu_ops.h"
 
 namespace kvarn {
 namespace gpu {
 namespace {
-
-constexpr int kThreads = 128;  // 4 warps per work item
-constexpr int kRows = 8;       // query rows per work item
-
-struct AttnParams {
-  // Cache.
-  const uint8_t* records;
-  size_t record_stride;
-  int32_t num_record_blocks;
-  const __half* k_pages;
-  const __half* v_pages;
-  int32_t num_pages;
-  const int32_t* block_table;
-  int32_t max_blocks;
-  const int32_t* seq_lens;
-  const int32_t* record_tiles;
-  int32_t Hk;
-  // Config.
-  int32_t D, G, log2D, kbits, vbits, sink_tiles;
-  int32_t off_kcodes, off_ka, off_kz, off_kc, off_vcodes, off_vc, off_va, off_vz;
-  bool k_rotate, v_rotate;
-  // Queries.
-  const void* q;
-  int64_t q_stride;  // elements between query tokens (Hq * D: dense)
-  kvarn_dtype_t q_dtype;
-  const int32_t* q_indptr;  // device copy, or NULL = decode
-  int32_t Hq, group;
-  int32_t chunks_per_seq;
-  float scale;
-  // Outputs.
-  void* out;
-  int64_t out_stride;  // elements between output tokens (Hq * D: dense)
-  kvarn_dtype_t out_dtype;
-  float* lse;
-  int32_t splits, tiles_per_split;
-  float* part_ml;   // [rows_total][splits][2] (m, l) when splits > 1
-  float* part_acc;  // [rows_total][splits][D]
-  DeviceErrorWords* errors;
-  // kvarn_paged_attention_run: per-sequence faults, and the plan's bounds on the device-resident
-  // q_indptr (0 / -1: no bound, the host checked q_indptr).
-  int32_t* seq_status;
-  int32_t max_q_per_seq;
-  int32_t max_total_q;
-  int32_t batch;
-  bool bulk_ring;  // tensor-core kernel: sm_90 bulk copies feed the record ring (else cp.async)
-};
-
-// A bad table entry or length of sequence b: its status entry, or the context's sticky words.
-__device__ __forceinline__ void ReportAttentionError(const AttnParams& P, int b,
-                                                     DeviceErrorKind what, int32_t detail) {
-  ReportSequenceError(P.seq_status, P.errors, b, KVARN_ERR_INVALID_ARGUMENT, what, b, detail);
-}
-
-__device__ __forceinline__ float LoadElem(const void* p, size_t i, kvarn_dtype_t dt) {
-  if (dt == KVARN_DTYPE_F32) return static_cast<const float*>(p)[i];
-  const uint16_t bits = static_cast<const uint16_t*>(p)[i];
-  if (dt == KVARN_DTYPE_F16) return __half2float(__ushort_as_half(bits));
-  return __uint_as_float(static_cast<uint32_t>(bits) << 16);  // bf16
-}
-
-__device__ __forceinline__ void StoreElem(void* p, size_t i, kvarn_dtype_t dt, float x) {
-  if (dt == KVARN_DTYPE_F32) {
-    static_cast<float*>(p)[i] = x;
-  } else if (dt == KVARN_DTYPE_F16) {
-    static_cast<__half*>(p)[i] = __float2half_rn(x);
-  } else {
-    // bf16, round to nearest even (NaN stays NaN).
-    uint32_t u = __float_as_uint(x);
-    uint16_t r = (u & 0x7fffffffu) > 0x7f800000u
-                     ? static_cast<uint16_t>((u >> 16) | 0x40u)
-                     : static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-    static_cast<uint16_t*>(p)[i] = r;
-  }
-}
-
-__device__ __forceinline__ float HalfAt(const uint8_t* base, int i) {
-  return __half2float(reinterpret_cast<const __half*>(base)[i]);
-}
-
-// In-place Walsh-Hadamard transform of n rows of D floats in shared memory, scaled 1/sqrt(D).
-__device__ void BlockFwht(float* rows, int n, int D, int log2D) {
-  const float norm = rsqrtf(static_cast<float>(D));
-  for (int s = 0; s < log2D; ++s) {
-    const int h = 1 << s;
-    __syncthreads();
-    for (int idx = threadIdx.x; idx < n * (D / 2); idx += blockDim.x) {
-      const int r = idx / (D / 2), j = idx % (D / 2);
-      const int i0 = (j / h) * 2 * h + (j % h);
-      float* x = rows + r * D;
-      const float a = x[i0], b = x[i0 + h];
-      x[i0] = a + b;
-      x[i0 + h] = a - b;
-    }
-  }
-  __syncthreads();
-  for (int idx = threadIdx.x; idx < n * D; idx += blockDim.x) rows[idx] *= norm;
-  __syncthreads();
-}
 
 struct Smem {
   float* q;      // [kRows][D] rotated query * scale
@@ -191,91 +95,6 @@ __device__ Smem CarveSmem(unsigned char* raw, int D, int G) {
 __device__ __forceinline__ int Code(const uint8_t* row, int idx, int bits) {
   const int per = 8 / bits;
   return (row[idx / per] >> ((idx % per) * bits)) & ((1 << bits) - 1);
-}
-
-// The CTA's work item (split, KV head, sequence, chunk of chunk_rows query rows) and its sequence's
-// lengths, read from device memory. False when there is nothing to do: the chunk lies past the
-// sequence's rows, or the lengths are inconsistent (then reported once per sequence).
-struct WorkItem {
-  int split, h, b, chunk;
-  int N;       // cached tokens
-  int rt;      // record tiles
-  int q0, nq;  // first query token, query tokens
-  int row0;    // first row (query token x head of the group) of the chunk
-  int nrows;   // valid rows of the chunk (<= chunk_rows)
-  int tiles;   // tiles of the sequence
-};
-
-__device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, int chunk_rows,
-                                             WorkItem* w) {
-  w->split = blockIdx.x;
-  w->h = blockIdx.y;
-  w->b = blockIdx.z / P.chunks_per_seq;
-  w->chunk = blockIdx.z % P.chunks_per_seq;
-  const int b = w->b;
-  // A sequence that faulted (in this call or an earlier one of the step) is skipped.
-  if (P.seq_status != nullptr && P.seq_status[b] != 0) return false;
-  w->N = P.seq_lens[b];
-  w->rt = P.record_tiles[b];
-  w->q0 = P.q_indptr ? P.q_indptr[b] : b;
-  w->nq = P.q_indptr ? P.q_indptr[b + 1] - w->q0 : 1;
-  const bool reporter = threadIdx.x == 0 && w->split == 0 && w->h == 0 && w->chunk == 0;
-  // A device-resident q_indptr is checked against the plan's bounds (rows of q/out, chunks).
-  if (P.max_q_per_seq > 0 &&
-      (w->q0 < 0 || w->nq < 0 || w->nq > P.max_q_per_seq || w->q0 > P.max_total_q - w->nq)) {
-    if (reporter) ReportAttentionError(P, b, kErrQueryLen, w->nq);
-    return false;
-  }
-  const int rows_b = w->nq * P.group;
-  w->row0 = w->chunk * chunk_rows;
-  if (w->row0 >= rows_b) return false;    // this sequence has fewer query rows
-  w->tiles = w->N / G + (w->N % G != 0);  // no N + G - 1: N may be near INT32_MAX
-  if (w->N < 0 || w->tiles > P.max_blocks || w->rt < 0 ||
-      (w->rt > 0 && P.sink_tiles + w->rt > w->N / G)) {
-    if (reporter) ReportAttentionError(P, b, kErrSeqLen, w->N);
-    return false;
-  }
-  // N == 0 is a padding slot: no keys, so its rows get zeros and lse -inf.
-  if (w->nq > w->N && w->N > 0) {
-    if (reporter) ReportAttentionError(P, b, kErrQueryLen, w->nq);
-    return false;
-  }
-  w->nrows = min(chunk_rows, rows_b - w->row0);
-  return true;
-}
-
-// Row r of the chunk: its global output row (token * Hq + head; -1 for padding rows)
-// and the keys it may see (causal, aligned to the sequence end; 0 for padding rows).
-__device__ __forceinline__ void SetRow(const AttnParams& P, const WorkItem& w, int r, int* qrow,
-                                       int* limit) {
-  if (r < w.nrows) {
-    const int row = w.row0 + r, i = row / P.group, g = row % P.group;
-    qrow[r] = (w.q0 + i) * P.Hq + w.h * P.group + g;
-    limit[r] = w.N - w.nq + i + 1;
-  } else {
-    qrow[r] = -1;
-    limit[r] = 0;
-  }
-}
-
-// Element (global row `row` = token * Hq + head, channel d) of q or out, whose tokens are
-// `stride` elements apart.
-__device__ __forceinline__ size_t RowElement(int row, int Hq, int64_t stride, int D, int d) {
-  return static_cast<size_t>(row / Hq) * static_cast<size_t>(stride) +
-         static_cast<size_t>(row % Hq) * D + d;
-}
-
-// q[kRows][D] <- the rows' queries (0 for padding rows), rotated when K is, times `scale`.
-// Call with the whole CTA after qrow is set and visible.
-__device__ __forceinline__ void LoadQueries(const AttnParams& P, const int* qrow, int D,
-                                            float scale, float* q) {
-  for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) {
-    const int r = idx / D, d = idx % D;
-    q[idx] =
-        qrow[r] >= 0 ? LoadElem(P.q, RowElement(qrow[r], P.Hq, P.q_stride, D, d), P.q_dtype) : 0.f;
-  }
-  if (P.k_rotate) BlockFwht(q, kRows, D, P.log2D);
-  for (int idx = threadIdx.x; idx < kRows * D; idx += blockDim.x) q[idx] *= scale;
 }
 
 __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
@@ -495,13 +314,6 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
 
 // Programmatic dependent launch (sm_90): the merge kernel is launched while the attention grid
 // drains, and waits for its completion (and memory) before reading the partials.
-#if KVARN_GPU_HAS_MMA  // called by the tensor-core kernel only
-__device__ __forceinline__ void LaunchDependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-#endif
-}
-#endif
 __device__ __forceinline__ void WaitForPrimaryGrid() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -711,7 +523,6 @@ int Log2(int x) {
 
 #if KVARN_GPU_HAS_MMA
 #include "backends/gpu/attention_extend.cuh"
-#include "backends/gpu/attention_mma.cuh"
 #endif
 
 namespace kvarn {
@@ -735,12 +546,27 @@ bool NarrowSlices() {
   return narrow;
 }
 
+// The decode family's member for cfg (attention_mma_d<D>.cu), if it has one.
+bool FamilyMember(const Config& cfg, mma::FamilyInfo* info) {
+  const bool narrow = NarrowSlices();
+  switch (cfg.D) {
+    case 64:
+      return mma::FamilyHas<64>(cfg.G, cfg.key_bits, cfg.value_bits, narrow, info);
+    case 128:
+      return mma::FamilyHas<128>(cfg.G, cfg.key_bits, cfg.value_bits, narrow, info);
+    case 256:
+      return mma::FamilyHas<256>(cfg.G, cfg.key_bits, cfg.value_bits, narrow, info);
+    case 512:
+      return mma::FamilyHas<512>(cfg.G, cfg.key_bits, cfg.value_bits, narrow, info);
+    default:
+      return false;
+  }
+}
+
 bool MmaShape(const CudaState* st, const Config& cfg) {
-  if (st->cc_major < 8 || cfg.record_bytes() == 0) return false;
-  size_t record_bytes = 0;
-  const bool has = mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits, NarrowSlices(),
-                                  [&](auto s) { record_bytes = decltype(s)::kRecordBytes; });
-  return has && record_bytes == cfg.record_bytes();
+  mma::FamilyInfo info;
+  return st->cc_major >= 8 && FamilyMember(cfg, &info) &&
+         static_cast<size_t>(info.record_bytes) == cfg.record_bytes();
 }
 
 // The tensor-core kernels take their shapes on sm_80+ when every pointer they read with 16-byte
@@ -756,36 +582,6 @@ bool UseBulkRing(const CudaState* st) {
   return st->cc_major >= 9 && !forced_cpasync;
 }
 
-constexpr int kMaxDevices = 64;
-
-// Raises kKernel's dynamic shared-memory limit to kSmem once per device and returns its resident
-// CTAs per SM (0 if it cannot run). Done outside any stream work, so launches stay capturable.
-template <auto kKernel, size_t kSmem, unsigned kCtaThreads>
-int PrepareKernel(int device) {
-  static std::atomic<int> ctas[kMaxDevices];  // 0 = not yet, -1 = cannot run
-  if (device < 0 || device >= kMaxDevices) return 0;
-  int n = ctas[device].load(std::memory_order_acquire);
-  if (n != 0) return std::max(n, 0);
-  n = -1;
-  if (cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                           static_cast<int>(kSmem)) == cudaSuccess) {
-    int per_sm = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kKernel, kCtaThreads, kSmem) ==
-            cudaSuccess &&
-        per_sm > 0) {
-      n = per_sm;
-    }
-  }
-  cudaGetLastError();  // a failure here is reported by the launch, not left sticky
-  ctas[device].store(n, std::memory_order_release);
-  return std::max(n, 0);
-}
-
-template <class S>
-int PrepareMma(int device) {
-  return PrepareKernel<mma::MmaAttentionKernel<S>, sizeof(mma::MmaSmem<S>), S::kThreads>(device);
-}
-
 template <int G>
 int PrepareExtend(int device) {
   return PrepareKernel<ext::ExtendAttentionKernel<G>, sizeof(ext::ExtendSmem<G>),
@@ -794,17 +590,30 @@ int PrepareExtend(int device) {
 
 int MmaCtasPerSm(CudaState* st, const Config& cfg) {
   DeviceGuard guard(st->device);
+  const bool narrow = NarrowSlices();
+  const int G = cfg.G, kb = cfg.key_bits, vb = cfg.value_bits;
   int n = 0;
-  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits, NarrowSlices(),
-                 [&](auto s) { n = PrepareMma<decltype(s)>(st->device); });
+  switch (cfg.D) {
+    case 64:
+      n = mma::FamilyCtasPerSm<64>(st->device, G, kb, vb, narrow);
+      break;
+    case 128:
+      n = mma::FamilyCtasPerSm<128>(st->device, G, kb, vb, narrow);
+      break;
+    case 256:
+      n = mma::FamilyCtasPerSm<256>(st->device, G, kb, vb, narrow);
+      break;
+    case 512:
+      n = mma::FamilyCtasPerSm<512>(st->device, G, kb, vb, narrow);
+      break;
+  }
   return std::max(n, 1);
 }
 
 int MmaRecordsPerIteration(const Config& cfg) {
-  int groups = 1;
-  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits, NarrowSlices(),
-                 [&](auto s) { groups = decltype(s)::kGroups; });
-  return groups;
+  mma::FamilyInfo info;
+  FamilyMember(cfg, &info);
+  return info.groups;
 }
 
 static_assert(ext::kCtaRows == kExtendCtaRows, "the plan's row chunks are the kernel's CTAs");
@@ -826,23 +635,22 @@ Status LaunchExtend(CudaState* st, const AttnParams& P, dim3 grid) {
   return CheckLaunch("ExtendAttentionKernel");
 }
 
-template <class S>
-Status LaunchMmaShape(CudaState* st, const AttnParams& P, dim3 grid) {
-  const size_t smem = sizeof(mma::MmaSmem<S>);
-  if (PrepareMma<S>(st->device) == 0) {
-    return {KVARN_ERR_DEVICE, "the tensor-core attention kernel cannot run on this device (" +
-                                  std::to_string(smem) + " bytes of shared memory per CTA)"};
-  }
-  mma::MmaAttentionKernel<S><<<grid, S::kThreads, smem, st->stream>>>(P);
-  return CheckLaunch("MmaAttentionKernel");
-}
-
 Status LaunchMma(CudaState* st, const Config& cfg, AttnParams& P, dim3 grid) {
   P.bulk_ring = UseBulkRing(st);
-  Status status = {KVARN_ERR_INTERNAL, "no tensor-core attention kernel for this shape"};
-  mma::WithShape(cfg.D, cfg.G, cfg.key_bits, cfg.value_bits, NarrowSlices(),
-                 [&](auto s) { status = LaunchMmaShape<decltype(s)>(st, P, grid); });
-  return status;
+  const bool narrow = NarrowSlices();
+  const int G = cfg.G, kb = cfg.key_bits, vb = cfg.value_bits;
+  switch (cfg.D) {
+    case 64:
+      return mma::FamilyLaunch<64>(st, G, kb, vb, narrow, P, grid);
+    case 128:
+      return mma::FamilyLaunch<128>(st, G, kb, vb, narrow, P, grid);
+    case 256:
+      return mma::FamilyLaunch<256>(st, G, kb, vb, narrow, P, grid);
+    case 512:
+      return mma::FamilyLaunch<512>(st, G, kb, vb, narrow, P, grid);
+    default:
+      return {KVARN_ERR_INTERNAL, "no tensor-core attention kernel for this shape"};
+  }
 }
 
 #else  // no tensor-core kernel (HIP): the general kernel takes every shape

@@ -1,8 +1,9 @@
 // The tensor-core path of paged decode attention (sm_80+): one kernel family over
 // (D, G, key bits, value bits) = {64, 128, 256, 512} x {64, 128} x {2, 4, 8} x {2, 4, 8}, every
 // shape whose record ring fits in shared memory (Shape<>::kFits). Included by
-// attention_kernels.cu (AttnParams, BlockFwht, the work-item layout and the merge are shared with
-// the general kernel there).
+// attention_mma_family.cuh (the family's host entry points, one head dim per attention_mma_d<D>.cu
+// translation unit) and attention_extend.cuh (fragments, ring helpers); AttnParams, the work-item
+// layout and the query loading come from attention_common.cuh.
 //
 // Decode reads every record once per KV head and does little arithmetic on it, so the kernel is
 // built to keep HBM busy: whole records stream into a CTA-wide shared-memory ring (sm_90: one
@@ -36,6 +37,8 @@
 #pragma once
 
 #include <utility>
+
+#include "backends/gpu/attention_common.cuh"
 
 #if !KVARN_GPU_HAS_MMA
 #error "attention_mma.cuh is CUDA-only (inline PTX; 32-lane mma.sync/ldmatrix tiles)"
@@ -974,7 +977,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
 #endif
 }
 
-// Calls f(S{}) for the Shape<> of cfg when the family has it (kFits); false otherwise.
+// Calls f(S{}) for the Shape<> of (D, G, key bits, value bits, layout) when the family has it
+// (kFits); false otherwise. One head dim per translation unit (attention_mma_family.cuh).
 template <class S, class F>
 bool CallIfFits(F& f) {
   if constexpr (S::kFits) {
@@ -1029,22 +1033,6 @@ bool WithTileTokens(int G, int kb, int vb, bool narrow, F& f) {
       return WithKeyBits<D, 64>(kb, vb, narrow, f);
     case 128:
       return WithKeyBits<D, 128>(kb, vb, narrow, f);
-    default:
-      return false;
-  }
-}
-// narrow: the 64-channel slices for D 128 and 256 (Shape's kSlice_).
-template <class F>
-bool WithShape(int D, int G, int kb, int vb, bool narrow, F&& f) {
-  switch (D) {
-    case 64:
-      return WithTileTokens<64>(G, kb, vb, narrow, f);
-    case 128:
-      return WithTileTokens<128>(G, kb, vb, narrow, f);
-    case 256:
-      return WithTileTokens<256>(G, kb, vb, narrow, f);
-    case 512:
-      return WithTileTokens<512>(G, kb, vb, narrow, f);
     default:
       return false;
   }

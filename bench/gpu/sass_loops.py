@@ -4,12 +4,15 @@
 The decode kernel is bound by how many warp instructions it issues per record (bench/RESULTS.md,
 sessions 4 and 5), so every change to backends/gpu/attention_mma.cuh is weighed here first:
 
-  bench/gpu/sass_loops.py                      # sm_90, every MmaAttentionKernel instantiation
+  bench/gpu/sass_loops.py                      # sm_90, the D128 decode family's kernels
   bench/gpu/sass_loops.py --unmasked-path      # the record loop as decode runs it (see below)
-  bench/gpu/sass_loops.py --arch sm_80 --kernel 'MmaAttentionKernelILi64'
+  bench/gpu/sass_loops.py --kernel 'ShapeILi128ELi128ELi4ELi2ELi128E'   # one member: k4v2_g128
+  bench/gpu/sass_loops.py --file attention_mma_d256.cu                  # another head dim
+  bench/gpu/sass_loops.py --file attention_kernels.cu --kernel ExtendAttentionKernel
   git worktree add /tmp/old d9d4fb2 && bench/gpu/sass_loops.py --source /tmp/old   # another commit
 
-It compiles backends/gpu/attention_kernels.cu to a cubin with nvcc (-O3, the library's defines,
+It compiles one translation unit of backends/gpu/ (--file; the decode family has one per head
+dim, attention_mma_d<D>.cu) to a cubin with nvcc (-O3, the library's defines,
 ptxas -v for registers and spills), disassembles it with cuobjdump and prints, per kernel, every
 loop (a backward branch) of more than --min instructions with its opcode histogram. The record
 loop is the largest one; its count is per record (one warp takes a whole record).
@@ -67,12 +70,12 @@ def find_cuobjdump():
     return found[0]
 
 
-def compile_cubin(nvcc, src_root, arch, out):
+def compile_cubin(nvcc, src_root, arch, out, source_file):
     # The kvarn target's flags for this file (CMakeLists.txt), without -lineinfo.
     cmd = [nvcc, "-DKVARN_BUILDING_LIBRARY", "-DKVARN_WITH_CUDA=1",
            "-I" + os.path.join(src_root, "capi", "include"), "-I" + src_root, "-O3", "-DNDEBUG",
            "-arch=" + arch, "--expt-relaxed-constexpr", "-std=c++17", "-Xptxas", "-v", "-cubin",
-           "-x", "cu", os.path.join(src_root, "backends", "gpu", "attention_kernels.cu"), "-o", out]
+           "-x", "cu", os.path.join(src_root, "backends", "gpu", source_file), "-o", out]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         sys.exit("sass_loops: nvcc failed\n" + r.stderr[-4000:])
@@ -134,6 +137,8 @@ def main():
     ap.add_argument("--top", type=int, default=12, help="opcodes per loop")
     ap.add_argument("--unmasked-path", action="store_true")
     ap.add_argument("--source", default=ROOT, help="the source tree to compile (default: this one)")
+    ap.add_argument("--file", default="attention_mma_d128.cu",
+                    help="the backends/gpu/ translation unit to compile")
     args = ap.parse_args()
     nvcc, cuobjdump = find_nvcc(), find_cuobjdump()
     with tempfile.TemporaryDirectory() as tmp:
@@ -150,7 +155,7 @@ def main():
                 sys.exit("sass_loops: the masked-softmax branch of RecordTile was not found")
             open(path, "w").write(text.replace(MASK_BRANCH, "  if (false && key0 + G > lim_min) {"))
         cubin = os.path.join(tmp, "attention.cubin")
-        log = compile_cubin(nvcc, src_root, args.arch, cubin)
+        log = compile_cubin(nvcc, src_root, args.arch, cubin, args.file)
         env = dict(os.environ)  # cuobjdump -sass runs nvdisasm: the one beside it first
         env["PATH"] = os.path.dirname(cuobjdump) + os.pathsep + env.get("PATH", "")
         r = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, env=env)
