@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# A short device call for little device time: build only the plan/run, isolation and attention
+# suites (the decode family's four units compile in parallel), then the issue-28 GPU isolation
+# suite, the plan/run CUDA tests, a family subset and the sanitizers, each line printed as it
+# finishes. Needs .devdeps/googletest (carried).
+set -uo pipefail
+OUT=${OUT:-/tmp/kvarn-out}
+mkdir -p "$OUT"
+J=$(nproc)
+t0=$(date +%s)
+if [[ ! -f /tmp/gt/lib/cmake/GTest/GTestConfig.cmake ]]; then
+  { cmake -S .devdeps/googletest -B /tmp/gt-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX=/tmp/gt && cmake --build /tmp/gt-build -j"$J" &&
+      cmake --install /tmp/gt-build; } >"$OUT/gtest.log" 2>&1 || { tail -20 "$OUT/gtest.log"; exit 1; }
+fi
+cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVARN_ENABLE_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90 -DKVARN_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH=/tmp/gt \
+  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+cmake --build build/dev -j"$J" --target test_run_isolation kvarn_test_paged_run \
+  kvarn_test_cuda_attention >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+rc=0
+run() {  # name, command...
+  local name=$1
+  shift
+  "$@" >"$OUT/$name.log" 2>&1 || rc=1
+  echo "$name ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED)|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$name.log" | tr '\n' ' ')"
+  grep -E "^\[  FAILED" "$OUT/$name.log" | head -5
+}
+T=build/dev/tests
+run isolation env KVARN_ISOLATION_STEPS="${STEPS:-1000}" $T/test_run_isolation --gtest_filter='*/cuda'
+run paged_run $T/kvarn_test_paged_run --gtest_filter='*/cuda'
+run attention $T/kvarn_test_cuda_attention --gtest_filter='*family_d64_k4v2*:*family_d128_k4v2*:*family_d256*k4v4*:*family_d512_k2v2*:*long128k_hk8*:*k4v2_g128_decode*:*extend_fp16io*'
+run isolation_memcheck env KVARN_ISOLATION_STEPS=60 compute-sanitizer --tool memcheck --error-exitcode 1 $T/test_run_isolation --gtest_filter='*/cuda'
+run isolation_synccheck env KVARN_ISOLATION_STEPS=10 compute-sanitizer --tool synccheck --error-exitcode 1 $T/test_run_isolation --gtest_filter='*/cuda'
+run isolation_racecheck env KVARN_ISOLATION_STEPS=10 compute-sanitizer --tool racecheck --error-exitcode 1 $T/test_run_isolation --gtest_filter='*/cuda'
+echo "---- $(( $(date +%s) - t0 )) s, rc=$rc ----"
+exit $rc
