@@ -78,6 +78,7 @@ class RunIsolation : public ::testing::TestWithParam<kvarn_backend_t> {
                             std::vector<float>* out, std::vector<int32_t>* status) {
     KVT_SEEDED_RNG(rng, 0);
     kvt::PagedCacheSpec spec;
+    spec.stride_padding = 16;  // aligned: a GPU plan takes a tensor-core kernel
     spec.num_kv_heads = kHk;
     spec.lens = {70, 5, 130, 9, 200};
     kvt::PagedCache pc;
