@@ -665,7 +665,8 @@ inline std::string MakeScenario(kvarn_context_t* ctx, Choices* ch, Scenario* sc)
         if (ch->Below(2)) {
           s.n_tiles[0] = ch->Below(2) ? -1 : static_cast<int32_t>(s.max_tiles) + 1;
         } else if (!sc->owner.empty()) {
-          s.tile_seqs[ch->Below(sc->owner.size())] = ch->Below(2) ? -1 : B;
+          // Outside the batch and not -1 (-1 names an entry of no sequence, which is valid).
+          s.tile_seqs[ch->Below(sc->owner.size())] = ch->Below(2) ? -2 : B;
           sc->tile_seqs_bad = true;
         } else {
           break;
