@@ -242,7 +242,7 @@ KVARN_JAVA_OUT(void*, out_ptr, jlongArray, long, jlong, SetLongArrayRegion)
 %typemap(javain) const char** out_name "$javainput"
 %typemap(in) const char** out_name (const char* tmp = NULL) {
   if (!kvarn_java_out_array(jenv, $input)) return $null;
-  $1 = &tmp;
+  $1 = ($1_ltype)&tmp; /* SWIG declares the argument without its const */
 }
 %typemap(argout) const char** out_name {
   if (result == KVARN_OK && tmp$argnum != NULL) {

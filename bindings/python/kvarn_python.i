@@ -162,7 +162,7 @@ KVARN_OUT_VALUE(int64_t, out_tokens, PyLong_FromLongLong)
 KVARN_OUT_VALUE(int64_t, out_committed, PyLong_FromLongLong)
 
 /* kvarn_attention_plan_kernel: a str (a static string of the library). */
-%typemap(in, numinputs=0) const char** out_name (const char* tmp = NULL) { $1 = &tmp; }
+%typemap(in, numinputs=0) const char** out_name (const char* tmp = NULL) { $1 = ($1_ltype)&tmp; }
 %typemap(argout) const char** out_name {
   $result = kvarn_py_append_output($result, PyUnicode_FromString(tmp$argnum ? tmp$argnum : ""));
 }
