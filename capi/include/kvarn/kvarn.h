@@ -608,8 +608,8 @@ KVARN_API kvarn_status_t kvarn_attention_plan_workspace_size(const kvarn_attenti
  * records, k_pages or v_pages are not 16-byte aligned, or whose record_stride is not a multiple of
  * 16, fails with KVARN_ERR_INVALID_ARGUMENT (never a silent fall back to the slower kernel;
  * kvarn_paged_attention, without a plan, does fall back). "cuda-general" is chosen only for
- * shapes the tensor-core family lacks (D 512 with G 128 and 8-bit codes) or when the environment
- * forces it (KVARN_CUDA_ATTENTION=generic). */
+ * shapes the tensor-core family lacks (D 512 with G 128 and k8v8, k8v4 or k4v8) or when the
+ * environment forces it (KVARN_CUDA_ATTENTION=generic). */
 KVARN_API kvarn_status_t kvarn_attention_plan_kernel(const kvarn_attention_plan_t* plan,
                                                      const char** out_name);
 
