@@ -42,6 +42,14 @@ struct PagedKV {
   const int32_t* tail_slots = nullptr;
 };
 
+// Whether every record and page of kv starts 16-byte aligned (the pools and the record stride):
+// what the GPU tensor-core kernels need, which copy them 16 bytes at a time.
+inline bool PoolsAligned16(const PagedKV& kv) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return kv.record_stride % 16 == 0 && aligned(kv.records) && aligned(kv.k_pages) &&
+         aligned(kv.v_pages);
+}
+
 struct AttentionArgs {
   int num_q_heads = 0;
   float scale = 0.f;                  // resolved: never 0

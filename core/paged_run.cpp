@@ -140,10 +140,7 @@ Status OpAttentionPlan(Context* ctx, const Config& cfg, const AttentionShape& sh
 }
 
 Status CheckPlanPool(const AttentionPlan& plan, const PagedKV& kv) {
-  if (!plan.needs_aligned_pool) return Status::Ok();
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (kv.record_stride % 16 != 0 || !aligned(kv.records) || !aligned(kv.k_pages) ||
-      !aligned(kv.v_pages)) {
+  if (plan.needs_aligned_pool && !PoolsAligned16(kv)) {
     return InvalidArgument(std::string("the plan's kernel (") + plan.kernel +
                            ") reads the pools with 16-byte copies: records, k_pages and v_pages "
                            "must be 16-byte aligned and record_stride a multiple of 16 (got " +

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "backends/gpu/attention_common.cuh"
 #include "backends/gpu/attention_mma_family.h"
@@ -531,14 +532,6 @@ namespace {
 
 #if KVARN_GPU_HAS_MMA
 
-// The tensor-core kernels read records and pages with 16-byte copies: the pools and the record
-// stride must keep every record and page 16-byte aligned.
-bool MmaAligned(const PagedKV& kv) {
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return kv.record_stride % 16 == 0 && aligned(kv.records) && aligned(kv.k_pages) &&
-         aligned(kv.v_pages);
-}
-
 // KVARN_CUDA_SLICE=64: the decode family's narrow variant for D 128 and 256 (64 channels per
 // warp, twice the warps per record; tests and benchmarks compare the two).
 bool NarrowSlices() {
@@ -546,21 +539,30 @@ bool NarrowSlices() {
   return narrow;
 }
 
-// The decode family's member for cfg (attention_mma_d<D>.cu), if it has one.
-bool FamilyMember(const Config& cfg, mma::FamilyInfo* info) {
-  const bool narrow = NarrowSlices();
-  switch (cfg.D) {
+// f(std::integral_constant<int, D>{}) for a head dim of the decode family (one translation
+// unit each, attention_mma_d<D>.cu); `otherwise` for any other D.
+template <class R, class F>
+R WithFamilyHeadDim(int D, R otherwise, F&& f) {
+  switch (D) {
     case 64:
-      return mma::FamilyHas<64>(cfg.G, cfg.key_bits, cfg.value_bits, narrow, info);
+      return f(std::integral_constant<int, 64>{});
     case 128:
-      return mma::FamilyHas<128>(cfg.G, cfg.key_bits, cfg.value_bits, narrow, info);
+      return f(std::integral_constant<int, 128>{});
     case 256:
-      return mma::FamilyHas<256>(cfg.G, cfg.key_bits, cfg.value_bits, narrow, info);
+      return f(std::integral_constant<int, 256>{});
     case 512:
-      return mma::FamilyHas<512>(cfg.G, cfg.key_bits, cfg.value_bits, narrow, info);
+      return f(std::integral_constant<int, 512>{});
     default:
-      return false;
+      return otherwise;
   }
+}
+
+// The decode family's member for cfg, if it has one.
+bool FamilyMember(const Config& cfg, mma::FamilyInfo* info) {
+  return WithFamilyHeadDim(cfg.D, false, [&](auto d) {
+    return mma::FamilyHas<decltype(d)::value>(cfg.G, cfg.key_bits, cfg.value_bits, NarrowSlices(),
+                                              info);
+  });
 }
 
 bool MmaShape(const CudaState* st, const Config& cfg) {
@@ -574,7 +576,7 @@ bool MmaShape(const CudaState* st, const Config& cfg) {
 // compare the two). On sm_90 the record ring is fed by bulk copies; KVARN_CUDA_RING=cpasync
 // forces the sm_80 cp.async ring there (tests run both).
 bool UseMmaKernel(const CudaState* st, const Config& cfg, const PagedKV& kv) {
-  return !ForcedGeneric() && MmaShape(st, cfg) && MmaAligned(kv);
+  return !ForcedGeneric() && MmaShape(st, cfg) && PoolsAligned16(kv);
 }
 
 bool UseBulkRing(const CudaState* st) {
@@ -590,23 +592,10 @@ int PrepareExtend(int device) {
 
 int MmaCtasPerSm(CudaState* st, const Config& cfg) {
   DeviceGuard guard(st->device);
-  const bool narrow = NarrowSlices();
-  const int G = cfg.G, kb = cfg.key_bits, vb = cfg.value_bits;
-  int n = 0;
-  switch (cfg.D) {
-    case 64:
-      n = mma::FamilyCtasPerSm<64>(st->device, G, kb, vb, narrow);
-      break;
-    case 128:
-      n = mma::FamilyCtasPerSm<128>(st->device, G, kb, vb, narrow);
-      break;
-    case 256:
-      n = mma::FamilyCtasPerSm<256>(st->device, G, kb, vb, narrow);
-      break;
-    case 512:
-      n = mma::FamilyCtasPerSm<512>(st->device, G, kb, vb, narrow);
-      break;
-  }
+  const int n = WithFamilyHeadDim(cfg.D, 0, [&](auto d) {
+    return mma::FamilyCtasPerSm<decltype(d)::value>(st->device, cfg.G, cfg.key_bits, cfg.value_bits,
+                                                    NarrowSlices());
+  });
   return std::max(n, 1);
 }
 
@@ -637,20 +626,11 @@ Status LaunchExtend(CudaState* st, const AttnParams& P, dim3 grid) {
 
 Status LaunchMma(CudaState* st, const Config& cfg, AttnParams& P, dim3 grid) {
   P.bulk_ring = UseBulkRing(st);
-  const bool narrow = NarrowSlices();
-  const int G = cfg.G, kb = cfg.key_bits, vb = cfg.value_bits;
-  switch (cfg.D) {
-    case 64:
-      return mma::FamilyLaunch<64>(st, G, kb, vb, narrow, P, grid);
-    case 128:
-      return mma::FamilyLaunch<128>(st, G, kb, vb, narrow, P, grid);
-    case 256:
-      return mma::FamilyLaunch<256>(st, G, kb, vb, narrow, P, grid);
-    case 512:
-      return mma::FamilyLaunch<512>(st, G, kb, vb, narrow, P, grid);
-    default:
-      return {KVARN_ERR_INTERNAL, "no tensor-core attention kernel for this shape"};
-  }
+  const Status none = {KVARN_ERR_INTERNAL, "no tensor-core attention kernel for this shape"};
+  return WithFamilyHeadDim(cfg.D, none, [&](auto d) {
+    return mma::FamilyLaunch<decltype(d)::value>(st, cfg.G, cfg.key_bits, cfg.value_bits,
+                                                 NarrowSlices(), P, grid);
+  });
 }
 
 #else  // no tensor-core kernel (HIP): the general kernel takes every shape
