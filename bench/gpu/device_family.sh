@@ -9,19 +9,9 @@
 set -uo pipefail
 mode=${1:-tests,grid}
 filter=${2:-*}
-OUT=${OUT:-/tmp/kvarn-out}
-mkdir -p "$OUT"
-J=$(nproc)
-t0=$(date +%s)
+source "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
-if [[ ! -f /tmp/gt/lib/cmake/GTest/GTestConfig.cmake ]]; then
-  { cmake -S .devdeps/googletest -B /tmp/gt-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_INSTALL_PREFIX=/tmp/gt && cmake --build /tmp/gt-build -j"$J" &&
-      cmake --install /tmp/gt-build; } >"$OUT/gtest.log" 2>&1 || { tail -20 "$OUT/gtest.log"; exit 1; }
-fi
-cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVARN_ENABLE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DKVARN_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH=/tmp/gt \
-  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+device_configure -DKVARN_BUILD_BENCH=OFF
 targets=(kvarn_test_cuda_attention kvarn_test_paged_run kvarn-selftest bench_cuda_attention)
 [[ ",$mode," == *",gpu,"* ]] && targets=(all)
 cmake --build build/dev -j"$J" --target "${targets[@]}" >"$OUT/build.log" 2>&1 ||

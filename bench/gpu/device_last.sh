@@ -4,18 +4,8 @@
 # suite, the plan/run CUDA tests, a family subset and the sanitizers, each line printed as it
 # finishes. Needs .devdeps/googletest (carried).
 set -uo pipefail
-OUT=${OUT:-/tmp/kvarn-out}
-mkdir -p "$OUT"
-J=$(nproc)
-t0=$(date +%s)
-if [[ ! -f /tmp/gt/lib/cmake/GTest/GTestConfig.cmake ]]; then
-  { cmake -S .devdeps/googletest -B /tmp/gt-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_INSTALL_PREFIX=/tmp/gt && cmake --build /tmp/gt-build -j"$J" &&
-      cmake --install /tmp/gt-build; } >"$OUT/gtest.log" 2>&1 || { tail -20 "$OUT/gtest.log"; exit 1; }
-fi
-cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVARN_ENABLE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DKVARN_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH=/tmp/gt \
-  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
+device_configure -DKVARN_BUILD_BENCH=OFF
 cmake --build build/dev -j"$J" --target test_run_isolation kvarn_test_paged_run \
   kvarn_test_cuda_attention >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"

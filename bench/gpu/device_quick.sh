@@ -3,18 +3,8 @@
 # decode-step benchmark, run them, print the table. For when little device time is left (the
 # full run is bench/gpu/device_run.sh). Needs .devdeps/googletest (carried).
 set -uo pipefail
-OUT=${OUT:-/tmp/kvarn-out}
-mkdir -p "$OUT"
-J=$(nproc)
-t0=$(date +%s)
-if [[ ! -f /tmp/gt/lib/cmake/GTest/GTestConfig.cmake ]]; then
-  { cmake -S .devdeps/googletest -B /tmp/gt-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DCMAKE_INSTALL_PREFIX=/tmp/gt && cmake --build /tmp/gt-build -j"$J" &&
-      cmake --install /tmp/gt-build; } >"$OUT/gtest.log" 2>&1 || { tail -20 "$OUT/gtest.log"; exit 1; }
-fi
-cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVARN_ENABLE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DCMAKE_PREFIX_PATH=/tmp/gt >"$OUT/configure.log" 2>&1 ||
-  { tail -30 "$OUT/configure.log"; exit 1; }
+source "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
+device_configure
 cmake --build build/dev -j"$J" --target kvarn_test_paged_run kvarn_test_cuda_graph \
   kvarn_test_cuda_codec kvarn_example_paged_decode bench_decode_step >"$OUT/build.log" 2>&1 ||
   { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }

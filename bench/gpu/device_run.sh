@@ -10,18 +10,9 @@
 set -uo pipefail
 mode=${1:-all}
 filter=${2:-}
-OUT=${OUT:-/tmp/kvarn-out}
-mkdir -p "$OUT"
-J=$(nproc)
-t0=$(date +%s)
+source "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 
-if [[ ! -f /tmp/gt/lib/cmake/GTest/GTestConfig.cmake ]]; then
-  cmake -S .devdeps/googletest -B /tmp/gt-build -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_INSTALL_PREFIX=/tmp/gt >"$OUT/gtest.log" 2>&1 &&
-    cmake --build /tmp/gt-build -j"$J" >>"$OUT/gtest.log" 2>&1 &&
-    cmake --install /tmp/gt-build >>"$OUT/gtest.log" 2>&1 || { tail -20 "$OUT/gtest.log"; exit 1; }
-fi
 py_args=()
 if [[ $mode == *python* || $mode == all ]]; then
   # The Python binding needs SWIG (carried: .devdeps/swig) and pytest/ml_dtypes (carried wheels).
@@ -35,9 +26,7 @@ if [[ $mode == *python* || $mode == all ]]; then
   export PYTHONPATH=/tmp/pylib${PYTHONPATH:+:$PYTHONPATH}
   python3 -c "import sys, numpy, torch, transformers; print('python', sys.version.split()[0], 'torch', torch.__version__, 'transformers', transformers.__version__)"
 fi
-cmake -S . -B build/dev -G Ninja -DCMAKE_BUILD_TYPE=Release -DKVARN_ENABLE_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90 -DKVARN_BUILD_BENCH=OFF -DCMAKE_PREFIX_PATH=/tmp/gt "${py_args[@]}" \
-  >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
+device_configure -DKVARN_BUILD_BENCH=OFF "${py_args[@]}"
 cmake --build build/dev -j"$J" >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -60; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
 
