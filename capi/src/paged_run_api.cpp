@@ -40,6 +40,32 @@ Status ParseRunCommon(const kvarn_context_t* context, const kvarn_config_t* conf
   return kvarn::ParseLaunch(launch, l);
 }
 
+// The tail-state calls: a kv with its tables, and the tail state over it.
+Status ParseTailRunCommon(const kvarn_context_t* context, const kvarn_config_t* config,
+                          const kvarn_paged_kv_t* kv, const kvarn_tail_state_t* tail,
+                          const kvarn_launch_t* launch, Config* c, PagedKV* p, LaunchArgs* l) {
+  KVARN_RETURN_IF_ERROR(NeedContext(context));
+  KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, c));
+  KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, *c, p));
+  KVARN_RETURN_IF_ERROR(kvarn::ParseTailState(tail, *c, p));
+  return kvarn::ParseLaunch(launch, l);
+}
+
+// The attention run calls: a plan of this context and a kv under its config; with_tail also
+// parses the tail state.
+Status ParsePlanRun(const kvarn_context_t* context, const kvarn_attention_plan_t* plan,
+                    const kvarn_paged_kv_t* kv, bool with_tail, const kvarn_tail_state_t* tail,
+                    const kvarn_launch_t* launch, PagedKV* p, LaunchArgs* l) {
+  KVARN_RETURN_IF_ERROR(NeedContext(context));
+  if (plan == nullptr) return kvarn::InvalidArgument("plan is NULL");
+  if (plan->context != context) {
+    return kvarn::InvalidArgument("the plan was made on another context");
+  }
+  KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, plan->cfg, p));
+  if (with_tail) KVARN_RETURN_IF_ERROR(kvarn::ParseTailState(tail, plan->cfg, p));
+  return kvarn::ParseLaunch(launch, l);
+}
+
 }  // namespace
 
 extern "C" {
@@ -153,15 +179,9 @@ kvarn_status_t kvarn_paged_attention_run(kvarn_context_t* context,
                                          const int32_t* q_indptr, const void* q, void* out,
                                          float* lse) {
   return Guard([&]() -> Status {
-    KVARN_RETURN_IF_ERROR(NeedContext(context));
-    if (plan == nullptr) return kvarn::InvalidArgument("plan is NULL");
-    if (plan->context != context) {
-      return kvarn::InvalidArgument("the plan was made on another context");
-    }
     PagedKV p;
-    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, plan->cfg, &p));
     LaunchArgs l;
-    KVARN_RETURN_IF_ERROR(kvarn::ParseLaunch(launch, &l));
+    KVARN_RETURN_IF_ERROR(ParsePlanRun(context, plan, kv, false, nullptr, launch, &p, &l));
     return kvarn::OpPagedAttentionRun(context->impl.get(), plan->cfg, p, plan->shape, plan->args,
                                       plan->plan, l, q_indptr, q, out, lse);
   });
@@ -204,14 +224,10 @@ kvarn_status_t kvarn_paged_append_tail_run(kvarn_context_t* context, const kvarn
                                            const int32_t* token_indptr, size_t max_tokens,
                                            kvarn_dtype_t dtype, const void* k, const void* v) {
   return Guard([&]() -> Status {
-    KVARN_RETURN_IF_ERROR(NeedContext(context));
     Config c;
-    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
     PagedKV p;
-    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, c, &p));
-    KVARN_RETURN_IF_ERROR(kvarn::ParseTailState(tail, c, &p));
     LaunchArgs l;
-    KVARN_RETURN_IF_ERROR(kvarn::ParseLaunch(launch, &l));
+    KVARN_RETURN_IF_ERROR(ParseTailRunCommon(context, config, kv, tail, launch, &c, &p, &l));
     return kvarn::OpPagedAppendTailRun(context->impl.get(), c, p, l, token_indptr, max_tokens,
                                        dtype, k, v);
   });
@@ -223,14 +239,10 @@ kvarn_status_t kvarn_paged_flush_tail_run(kvarn_context_t* context, const kvarn_
                                           const kvarn_launch_t* launch, const int32_t* committed,
                                           int32_t* record_tiles_out) {
   return Guard([&]() -> Status {
-    KVARN_RETURN_IF_ERROR(NeedContext(context));
     Config c;
-    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
     PagedKV p;
-    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, c, &p));
-    KVARN_RETURN_IF_ERROR(kvarn::ParseTailState(tail, c, &p));
     LaunchArgs l;
-    KVARN_RETURN_IF_ERROR(kvarn::ParseLaunch(launch, &l));
+    KVARN_RETURN_IF_ERROR(ParseTailRunCommon(context, config, kv, tail, launch, &c, &p, &l));
     return kvarn::OpPagedFlushTailRun(context->impl.get(), c, p, l, committed, record_tiles_out);
   });
 }
@@ -242,16 +254,9 @@ kvarn_status_t kvarn_paged_attention_tail_run(kvarn_context_t* context,
                                               const kvarn_launch_t* launch, const int32_t* q_indptr,
                                               const void* q, void* out, float* lse) {
   return Guard([&]() -> Status {
-    KVARN_RETURN_IF_ERROR(NeedContext(context));
-    if (plan == nullptr) return kvarn::InvalidArgument("plan is NULL");
-    if (plan->context != context) {
-      return kvarn::InvalidArgument("the plan was made on another context");
-    }
     PagedKV p;
-    KVARN_RETURN_IF_ERROR(kvarn::ParsePagedKV(kv, plan->cfg, &p));
-    KVARN_RETURN_IF_ERROR(kvarn::ParseTailState(tail, plan->cfg, &p));
     LaunchArgs l;
-    KVARN_RETURN_IF_ERROR(kvarn::ParseLaunch(launch, &l));
+    KVARN_RETURN_IF_ERROR(ParsePlanRun(context, plan, kv, true, tail, launch, &p, &l));
     return kvarn::OpPagedAttentionRun(context->impl.get(), plan->cfg, p, plan->shape, plan->args,
                                       plan->plan, l, q_indptr, q, out, lse);
   });
