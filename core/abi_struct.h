@@ -102,9 +102,11 @@ struct AbiStruct<kvarn_attention_params_t> {
   using T = kvarn_attention_params_t;
   static constexpr size_t kMinSize = sizeof(size_t);
   static constexpr AbiField kFields[] = {
-      KVARN_ABI_FIELD(T, num_q_heads), KVARN_ABI_FIELD(T, scale),
-      KVARN_ABI_FIELD(T, q_indptr),    KVARN_ABI_FIELD(T, q_dtype),
-      KVARN_ABI_FIELD(T, out_dtype),   KVARN_ABI_FIELD(T, num_splits)};
+      KVARN_ABI_FIELD(T, num_q_heads),   KVARN_ABI_FIELD(T, scale),
+      KVARN_ABI_FIELD(T, q_indptr),      KVARN_ABI_FIELD(T, q_dtype),
+      KVARN_ABI_FIELD(T, out_dtype),     KVARN_ABI_FIELD(T, num_splits),
+      KVARN_ABI_FIELD(T, sinks),         KVARN_ABI_FIELD(T, sliding_window),
+      KVARN_ABI_FIELD(T, logit_softcap), KVARN_ABI_FIELD(T, mode)};
 };
 
 // The embedded config must be there whole: its own size field places the fields after it.

@@ -57,6 +57,15 @@ struct AttentionArgs {
   kvarn_dtype_t q_dtype = KVARN_DTYPE_F32;
   kvarn_dtype_t out_dtype = KVARN_DTYPE_F32;
   int num_splits = 0;
+  // Model variants (kvarn_attention_params_t): sink logits [Hq] in context memory or NULL,
+  // window W (0 = full), softcap c (0 = off), prefix mode (queries follow the cache).
+  const float* sinks = nullptr;
+  int sliding_window = 0;
+  float logit_softcap = 0.f;
+  bool prefix = false;
+  bool has_variant() const {
+    return sinks != nullptr || sliding_window > 0 || logit_softcap > 0.f || prefix;
+  }
   // Elements between the tokens of q and out, resolved (>= Hq * D; Hq * D when dense): set by
   // ParseAttentionParams to dense and by the run call from its launch.
   int64_t q_row_stride = 0;

@@ -187,6 +187,18 @@ Status ParseAttentionParams(const kvarn_attention_params_t* params_in, const Con
   KVARN_RETURN_IF_ERROR(CheckDtypeArg(in->q_dtype, "q_dtype"));
   KVARN_RETURN_IF_ERROR(CheckDtypeArg(in->out_dtype, "out_dtype"));
   if (in->num_splits < 0) return InvalidArgument("num_splits must be >= 0");
+  if (in->sliding_window < 0) {
+    return InvalidArgument("sliding_window " + std::to_string(in->sliding_window) +
+                           " must be >= 0 (0 = full attention; W = the W most recent keys)");
+  }
+  if (!std::isfinite(in->logit_softcap) || in->logit_softcap < 0.f) {
+    return InvalidArgument("logit_softcap must be finite and >= 0 (0 = off)");
+  }
+  const int32_t mode = EnumInt(in->mode);
+  if (mode != KVARN_ATTENTION_CAUSAL && mode != KVARN_ATTENTION_PREFIX) {
+    return InvalidArgument("mode: unknown value " + std::to_string(mode) +
+                           ": must be KVARN_ATTENTION_CAUSAL or KVARN_ATTENTION_PREFIX");
+  }
   AttentionArgs a;
   a.num_q_heads = in->num_q_heads;
   a.scale = in->scale > 0.f ? in->scale : 1.0f / std::sqrt(static_cast<float>(cfg.D));
@@ -194,6 +206,10 @@ Status ParseAttentionParams(const kvarn_attention_params_t* params_in, const Con
   a.q_dtype = in->q_dtype;
   a.out_dtype = in->out_dtype;
   a.num_splits = in->num_splits;
+  a.sinks = in->sinks;
+  a.sliding_window = in->sliding_window;
+  a.logit_softcap = in->logit_softcap;
+  a.prefix = mode == KVARN_ATTENTION_PREFIX;
   a.q_row_stride = a.out_row_stride = static_cast<int64_t>(a.num_q_heads) * cfg.D;
   *out = a;
   return Status::Ok();

@@ -49,3 +49,8 @@ kvarn_add_gtest(kvarn_test_attention_long
 kvarn_add_gtest(kvarn_test_baselines
   SOURCES test_baselines.cpp
   LABELS codec)
+
+# The model variants (sinks, sliding window, softcap, prefix mode) against float64, every ISA.
+kvarn_add_gtest(kvarn_test_attention_variants
+  SOURCES test_attention_variants.cpp
+  LABELS attention)

@@ -76,10 +76,11 @@ bool ToCacheFrame(const float* in, int D, bool rotate, float* scratch, uint16_t*
 
 struct RecordView;
 struct AttnQuery;
+struct ScoreParams;
 // The scalar reference of the Kernels entries attend_record and attend_page (kernels.h).
 void ScalarAttendRecord(const RecordView& rec, int D, int G, int key_bits, int value_bits,
-                        float scale, AttnQuery* qs, int nq, float* scores, float* vsum);
-void ScalarAttendPage(const uint16_t* k, const uint16_t* v, int D, int G, float scale,
+                        const ScoreParams& sp, AttnQuery* qs, int nq, float* scores, float* vsum);
+void ScalarAttendPage(const uint16_t* k, const uint16_t* v, int D, int G, const ScoreParams& sp,
                       AttnQuery* qs, int nq, float* scores);
 
 }  // namespace cpu

@@ -16,10 +16,17 @@ namespace cpu {
 // One (query token, query head) of an attention work item, in the rotated frame.
 struct AttnQuery {
   const float* q;  // [D] rotated query (fp32)
-  int n_valid;     // keys of the current tile it sees (0..G); <= 0: none
+  int lo;          // first key of the current tile it sees (> 0 under a sliding window)
+  int n_valid;     // keys of the current tile it sees are [lo, n_valid); n_valid <= lo: none
   float* m;        // running max of the scaled scores
   float* l;        // running softmax denominator
   float* acc;      // [D] running numerator
+};
+
+// How scores are formed: s = scale * q.k, then c * tanh(s / c) when softcap c > 0.
+struct ScoreParams {
+  float scale;
+  float softcap;
 };
 
 // A record of the tile being visited, decoded to fp32 scales (codes stay packed).
@@ -75,9 +82,9 @@ struct Kernels {
   // Adds one record tile to `nq` queries' online-softmax states. scores: scratch of (nq + 4) * G
   // floats; vsum: scratch of (nq + 4) * D floats (kernels may work on groups of 4 queries).
   void (*attend_record)(const RecordView& rec, int D, int G, int key_bits, int value_bits,
-                        float scale, AttnQuery* qs, int nq, float* scores, float* vsum);
+                        const ScoreParams& sp, AttnQuery* qs, int nq, float* scores, float* vsum);
   // The same for an fp16 page tile of one KV head: k, v: G x D fp16 (token-major).
-  void (*attend_page)(const uint16_t* k, const uint16_t* v, int D, int G, float scale,
+  void (*attend_page)(const uint16_t* k, const uint16_t* v, int D, int G, const ScoreParams& sp,
                       AttnQuery* qs, int nq, float* scores);
 };
 

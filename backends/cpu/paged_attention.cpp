@@ -28,11 +28,16 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kTilesPerSplit = 64;
 constexpr int kMaxSplits = 64;
 
-// The online-softmax update shared by the scalar paths: scores [n] (scaled) -> probabilities
-// relative to the new max; returns the factor that rescales the old state.
-float SoftmaxStep(float* scores, int n, AttnQuery& st) {
+// The online-softmax update shared by the scalar paths: scores [n] (scaled; the query sees
+// [st.lo, n)) -> softcapped, then probabilities relative to the new max (0 outside what it
+// sees); returns the factor that rescales the old state.
+float SoftmaxStep(float* scores, int n, float softcap, AttnQuery& st) {
+  if (softcap > 0.f) {
+    for (int t = st.lo; t < n; ++t) scores[t] = softcap * std::tanh(scores[t] / softcap);
+  }
+  for (int t = 0; t < st.lo; ++t) scores[t] = kNegInf;
   float mx = kNegInf;
-  for (int t = 0; t < n; ++t) mx = std::max(mx, scores[t]);
+  for (int t = st.lo; t < n; ++t) mx = std::max(mx, scores[t]);
   const float m_new = std::max(*st.m, mx);
   const float alpha = *st.m == kNegInf ? 0.f : std::exp(*st.m - m_new);
   float psum = 0.f;
@@ -48,7 +53,7 @@ float SoftmaxStep(float* scores, int n, AttnQuery& st) {
 }  // namespace
 
 void ScalarAttendRecord(const RecordView& rec, int D, int G, int key_bits, int value_bits,
-                        float scale, AttnQuery* qs, int nq, float* scores, float* vsum) {
+                        const ScoreParams& sp, AttnQuery* qs, int nq, float* scores, float* vsum) {
   thread_local std::vector<uint8_t> kcodes, vcodes;
   kcodes.resize(static_cast<size_t>(D) * G);
   vcodes.resize(kcodes.size());
@@ -57,7 +62,7 @@ void ScalarAttendRecord(const RecordView& rec, int D, int G, int key_bits, int v
   for (int qi = 0; qi < nq; ++qi) {
     AttnQuery& st = qs[qi];
     const int n_valid = st.n_valid;
-    if (n_valid <= 0) continue;
+    if (n_valid <= st.lo) continue;
     const float* q = st.q;
     // q'.K'[:,t] = c_t * (sum_d (q_d a_d) code[d,t] + sum_d q_d z_d)
     float qz = 0.f;
@@ -68,8 +73,8 @@ void ScalarAttendRecord(const RecordView& rec, int D, int G, int key_bits, int v
       const uint8_t* codes = kcodes.data() + static_cast<size_t>(d) * G;
       for (int t = 0; t < n_valid; ++t) scores[t] += qa * codes[t];
     }
-    for (int t = 0; t < n_valid; ++t) scores[t] = scale * rec.kc[t] * (scores[t] + qz);
-    const float alpha = SoftmaxStep(scores, n_valid, st);
+    for (int t = 0; t < n_valid; ++t) scores[t] = sp.scale * rec.kc[t] * (scores[t] + qz);
+    const float alpha = SoftmaxStep(scores, n_valid, sp.softcap, st);
     // sum_t p_t V'[t,:] = c' * (sum_t (p_t a'_t) code[t,:] + sum_t p_t z'_t)
     std::fill(vsum, vsum + D, 0.f);
     float pz = 0.f;
@@ -83,7 +88,7 @@ void ScalarAttendRecord(const RecordView& rec, int D, int G, int key_bits, int v
   }
 }
 
-void ScalarAttendPage(const uint16_t* k, const uint16_t* v, int D, int G, float scale,
+void ScalarAttendPage(const uint16_t* k, const uint16_t* v, int D, int G, const ScoreParams& sp,
                       AttnQuery* qs, int nq, float* scores) {
   thread_local std::vector<float> kf, vf;
   kf.resize(static_cast<size_t>(D) * G);
@@ -98,14 +103,14 @@ void ScalarAttendPage(const uint16_t* k, const uint16_t* v, int D, int G, float 
   for (int qi = 0; qi < nq; ++qi) {
     AttnQuery& st = qs[qi];
     const int n_valid = st.n_valid;
-    if (n_valid <= 0) continue;
+    if (n_valid <= st.lo) continue;
     for (int t = 0; t < n_valid; ++t) {
       const float* kr = kf.data() + static_cast<size_t>(t) * D;
       float s = 0.f;
       for (int d = 0; d < D; ++d) s += st.q[d] * kr[d];
-      scores[t] = scale * s;
+      scores[t] = sp.scale * s;
     }
-    const float alpha = SoftmaxStep(scores, n_valid, st);
+    const float alpha = SoftmaxStep(scores, n_valid, sp.softcap, st);
     for (int d = 0; d < D; ++d) st.acc[d] *= alpha;
     for (int t = 0; t < n_valid; ++t) {
       const float* vr = vf.data() + static_cast<size_t>(t) * D;
@@ -119,6 +124,19 @@ namespace {
 int NumSplits(const AttentionArgs& args, int max_tiles) {
   if (args.num_splits > 0) return std::min(args.num_splits, std::max(max_tiles, 1));
   return std::min(kMaxSplits, std::max(1, (max_tiles + kTilesPerSplit - 1) / kTilesPerSplit));
+}
+
+// The keys query i of nq sees in a sequence of N cached tokens: [lo, hi) (docs/FORMAT.md
+// section 9). Causal: the queries are the last nq cached tokens; prefix: they follow the cache.
+struct KeyRange {
+  int64_t lo, hi;
+};
+KeyRange VisibleKeys(const AttentionArgs& args, int64_t N, int64_t nq, int64_t i) {
+  const int64_t p = args.prefix ? N + i : N - nq + i;
+  const int64_t hi = args.prefix ? N : p + 1;
+  const int64_t lo =
+      args.sliding_window > 0 ? std::max<int64_t>(0, p - args.sliding_window + 1) : 0;
+  return {lo, hi};
 }
 
 }  // namespace
@@ -165,7 +183,7 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
                            " query tokens, more than the plan's max_q_per_seq " +
                            std::to_string(max_q_per_seq));
     }
-    if (st.ok() && nq > kv.seq_lens[b] && kv.seq_lens[b] > 0) {
+    if (st.ok() && !args.prefix && nq > kv.seq_lens[b] && kv.seq_lens[b] > 0) {
       st = InvalidArgument("sequence " + std::to_string(b) + " has " + std::to_string(nq) +
                            " query tokens but only " + std::to_string(kv.seq_lens[b]) +
                            " cached tokens (the queries' own keys must be appended first)");
@@ -176,11 +194,22 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
       skip[b] = 1;
       continue;
     }
-    // In 64 bits: seq_lens[b] may be INT32_MAX.
-    max_tiles =
-        static_cast<int>(std::max<int64_t>(max_tiles, (int64_t{kv.seq_lens[b]} + G - 1) / G));
+    // The tiles the sequence's queries see (in 64 bits: seq_lens[b] may be INT32_MAX): from
+    // the first query's window start (windows only move forward) to the end of the cache.
+    const int64_t tiles = (int64_t{kv.seq_lens[b]} + G - 1) / G;
+    const int64_t first = VisibleKeys(args, kv.seq_lens[b], nq, 0).lo / G;
+    max_tiles = static_cast<int>(std::max<int64_t>(max_tiles, tiles - std::min(first, tiles)));
   }
   const int splits = NumSplits(args, max_tiles);
+  // Sink logits are host memory on this backend: a non-finite one fails the call.
+  if (args.sinks != nullptr) {
+    for (int h = 0; h < Hq; ++h) {
+      if (!std::isfinite(args.sinks[h])) {
+        return InvalidArgument("sinks[" + std::to_string(h) + "] is not finite");
+      }
+    }
+  }
+  const ScoreParams score{args.scale, args.logit_softcap};
 
   // Rotated queries in fp32 (q' = q H when K is rotated), for the sequences that take part.
   size_t total_q = 0;
@@ -214,8 +243,10 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
     const int64_t N = kv.seq_lens[b];
     const int64_t nq = q_begin[b + 1] - q_begin[b];
     const int tiles = static_cast<int>((N + G - 1) / G);
-    const int per = (tiles + splits - 1) / splits;
-    const int t0 = std::min(tiles, split * per), t1 = std::min(tiles, t0 + per);
+    const int first =
+        static_cast<int>(std::min<int64_t>(tiles, VisibleKeys(args, N, nq, 0).lo / G));
+    const int per = (tiles - first + splits - 1) / splits;
+    const int t0 = std::min(tiles, first + split * per), t1 = std::min(tiles, t0 + per);
     Partial& P = parts[item];
     const size_t nstate = static_cast<size_t>(nq) * group;
     P.m.assign(nstate, kNegInf);
@@ -226,14 +257,20 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
     const int32_t* row = kv.block_table + static_cast<size_t>(b) * kv.max_blocks_per_seq;
     const int64_t rt = kv.record_tiles[b];
     for (int tile = t0; tile < t1; ++tile) {
+      const int64_t base = int64_t{tile} * G;
       for (int64_t i = 0; i < nq; ++i) {
-        // Causal, aligned to the end: query i of nq sees keys < N - nq + i + 1.
-        const int64_t limit = N - nq + i + 1;
-        const int n_valid = static_cast<int>(std::min<int64_t>(G, limit - int64_t{tile} * G));
+        // The part of the tile query i sees: [lo, n_valid) (empty when n_valid <= lo).
+        const KeyRange keys = VisibleKeys(args, N, nq, i);
+        const int n_valid = static_cast<int>(std::clamp<int64_t>(keys.hi - base, 0, G));
+        const int lo = static_cast<int>(std::clamp<int64_t>(keys.lo - base, 0, G));
         for (int g = 0; g < group; ++g) {
           const size_t s = static_cast<size_t>(i) * group + g;
-          qs[s] = AttnQuery{qr.data() + ((q_begin[b] + i) * Hq + h * group + g) * D, n_valid,
-                            &P.m[s], &P.l[s], P.acc.data() + s * D};
+          qs[s] = AttnQuery{qr.data() + ((q_begin[b] + i) * Hq + h * group + g) * D,
+                            lo,
+                            n_valid,
+                            &P.m[s],
+                            &P.l[s],
+                            P.acc.data() + s * D};
         }
       }
       const bool is_record = tile >= cfg.sink_tiles && tile < cfg.sink_tiles + rt;
@@ -241,18 +278,18 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
         const RecordView rec = ViewRecord(
             cfg, kv.records + (static_cast<size_t>(row[tile]) * Hk + h) * kv.record_stride, scales,
             &K);
-        K.attend_record(rec, D, G, cfg.key_bits, cfg.value_bits, args.scale, qs.data(),
+        K.attend_record(rec, D, G, cfg.key_bits, cfg.value_bits, score, qs.data(),
                         static_cast<int>(nstate), scores.data(), vsum.data());
       } else if (kv.tail_states != nullptr) {
         // Rows of the tail slot: K [Hk][cap][D], then V; this tile starts at row (tile-rt)*G.
         const size_t head = static_cast<size_t>(kv.tail_slots[b]) * kv.tail_slot_elems +
                             (static_cast<size_t>(h) * kv.tail_cap + (tile - rt) * G) * D;
         const size_t v_off = static_cast<size_t>(Hk) * kv.tail_cap * D;
-        K.attend_page(kv.tail_states + head, kv.tail_states + head + v_off, D, G, args.scale,
-                      qs.data(), static_cast<int>(nstate), scores.data());
+        K.attend_page(kv.tail_states + head, kv.tail_states + head + v_off, D, G, score, qs.data(),
+                      static_cast<int>(nstate), scores.data());
       } else {
         const size_t off = row[tile] * page_elems + static_cast<size_t>(h) * G * D;
-        K.attend_page(kv.k_pages + off, kv.v_pages + off, D, G, args.scale, qs.data(),
+        K.attend_page(kv.k_pages + off, kv.v_pages + off, D, G, score, qs.data(),
                       static_cast<int>(nstate), scores.data());
       }
     }
@@ -267,9 +304,13 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
     for (int64_t i = 0; i < nq; ++i) {
       for (int g = 0; g < group; ++g) {
         const size_t s = static_cast<size_t>(i) * group + g;
-        float M = kNegInf;
+        const size_t token = q_begin[b] + i, head = static_cast<size_t>(h) * group + g;
+        // A sink logit joins the denominator with no value: it takes part in the max, so the
+        // merge never overflows, and a query that sees no key gets L = 1 and lse = the sink.
+        const float sink = args.sinks != nullptr ? args.sinks[head] : kNegInf;
+        float M = sink;
         for (int sp = 0; sp < splits; ++sp) M = std::max(M, parts[bh * splits + sp].m[s]);
-        float L = 0.f;
+        float L = sink == kNegInf ? 0.f : std::exp(sink - M);
         std::fill(o.begin(), o.end(), 0.f);
         for (int sp = 0; sp < splits; ++sp) {
           const Partial& P = parts[bh * splits + sp];
@@ -278,10 +319,9 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
           L += P.l[s] * w;
           for (int d = 0; d < D; ++d) o[d] += P.acc[s * D + d] * w;
         }
-        // L == 0: a padding slot (no cached tokens) gets zeros and lse -inf.
-        for (int d = 0; d < D; ++d) o[d] = L > 0.f ? o[d] / L : 0.f;
+        // L == 0: a query that sees no key (a padding slot) gets zeros and lse -inf.
+        for (int d = 0; d < D; ++d) o[d] = L == 0.f ? 0.f : o[d] / L;
         if (cfg.v_rotate) K.hadamard(o.data(), D);  // o = o' H
-        const size_t token = q_begin[b] + i, head = static_cast<size_t>(h) * group + g;
         const size_t qrow = token * Hq + head;
         StoreRow(args.out_dtype, out, token * static_cast<size_t>(args.out_row_stride) + head * D,
                  D, o.data());

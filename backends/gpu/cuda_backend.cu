@@ -313,8 +313,18 @@ Status PagedFlushOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv, si
   return PagedFlush(ctx, cfg, kv, n_tiles, src_pages, dst_blocks);
 }
 
+// The model variants (sinks, sliding window, softcap, prefix mode) have no GPU kernels yet: every
+// attention entry point refuses them, so no call falls back to plain attention silently.
+Status CheckNoVariants(const AttentionArgs& args) {
+  if (!args.has_variant()) return Status::Ok();
+  return Unsupported(
+      "attention with sinks, sliding_window, logit_softcap or KVARN_ATTENTION_PREFIX runs on the "
+      "CPU backend only: the GPU kernels for these variants are not built yet");
+}
+
 Status AttentionWorkspaceOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
                                   const AttentionArgs& args, size_t total_q, size_t* bytes) {
+  KVARN_RETURN_IF_ERROR(CheckNoVariants(args));
   DeviceGuard guard(State(ctx)->device);
   return AttentionWorkspace(ctx, cfg, kv, args, total_q, bytes);
 }
@@ -322,6 +332,7 @@ Status AttentionWorkspaceOnDevice(Context* ctx, const Config& cfg, const PagedKV
 Status PagedAttentionOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
                               const AttentionArgs& args, const void* q, void* out, float* lse,
                               void* workspace, size_t workspace_bytes) {
+  KVARN_RETURN_IF_ERROR(CheckNoVariants(args));
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
   KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
@@ -334,6 +345,7 @@ Status PagedAttentionOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv
 // synchronize or allocate (pointer checks are driver lookups, allowed during capture).
 Status AttentionPlanOnDevice(Context* ctx, const Config& cfg, const AttentionShape& shape,
                              const AttentionArgs& args, AttentionPlan* plan) {
+  KVARN_RETURN_IF_ERROR(CheckNoVariants(args));
   DeviceGuard guard(State(ctx)->device);
   return AttentionPlanFor(ctx, cfg, shape, args, plan);
 }

@@ -41,6 +41,10 @@ void kvarn_attention_params_defaults(kvarn_attention_params_t* p) {
   p->q_dtype = KVARN_DTYPE_F32;
   p->out_dtype = KVARN_DTYPE_F32;
   p->num_splits = 0;
+  p->sinks = nullptr;
+  p->sliding_window = 0;
+  p->logit_softcap = 0.f;
+  p->mode = KVARN_ATTENTION_CAUSAL;
 }
 
 kvarn_status_t kvarn_paged_append(kvarn_context_t* context, const kvarn_config_t* config,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kvarn/kvarn.h"
@@ -48,6 +49,28 @@ inline Queries MakeQueries(Rng& rng, const std::vector<int>& q_lens, int batch, 
   return q;
 }
 
+// The model variants of kvarn_attention_params_t a test sets (defaults: plain causal).
+struct AttnVariant {
+  std::vector<float> sinks;  // [Hq] or empty = none
+  int window = 0;            // sliding_window
+  float softcap = 0.f;       // logit_softcap
+  bool prefix = false;       // KVARN_ATTENTION_PREFIX
+
+  void Apply(kvarn_attention_params_t* p) const {
+    p->sinks = sinks.empty() ? nullptr : sinks.data();
+    p->sliding_window = window;
+    p->logit_softcap = softcap;
+    p->mode = prefix ? KVARN_ATTENTION_PREFIX : KVARN_ATTENTION_CAUSAL;
+  }
+  // Keys [lo, hi) query i of nq sees in a sequence of N cached tokens.
+  std::pair<int64_t, int64_t> Keys(int64_t N, int64_t nq, int64_t i) const {
+    const int64_t p = prefix ? N + i : N - nq + i;
+    const int64_t hi = prefix ? N : p + 1;
+    const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+    return {lo, std::max(lo, hi)};
+  }
+};
+
 struct AttnOutput {
   std::vector<uint8_t> out;  // [total][Hq][D] of out_dtype
   std::vector<float> lse;    // [total][Hq]
@@ -56,9 +79,11 @@ struct AttnOutput {
 
 inline ::testing::AssertionResult RunAttention(kvarn_context_t* ctx, PagedCache& pc,
                                                const Queries& q, int Hq, kvarn_dtype_t out_dtype,
-                                               int num_splits, float scale, AttnOutput* r) {
+                                               int num_splits, float scale, AttnOutput* r,
+                                               const AttnVariant& variant = {}) {
   kvarn_attention_params_t p;
   kvarn_attention_params_defaults(&p);
+  variant.Apply(&p);
   p.num_q_heads = Hq;
   p.scale = scale;
   p.q_indptr = q.indptr.empty() ? nullptr : q.indptr.data();
@@ -92,7 +117,8 @@ struct AttnErrors {
 
 // Compares r with float64 attention over the cache-frame values of pc.
 inline AttnErrors CompareWithReference(kvarn_context_t* ctx, const PagedCache& pc, const Queries& q,
-                                       int Hq, float scale, const AttnOutput& r) {
+                                       int Hq, float scale, const AttnOutput& r,
+                                       const AttnVariant& variant = {}) {
   AttnErrors e;
   const int D = pc.D, Hk = pc.Hk, group = Hq / Hk;
   const bool k_rot = !(pc.cfg.key_flags & KVARN_ABLATE_NO_ROTATION);
@@ -112,18 +138,27 @@ inline AttnErrors CompareWithReference(kvarn_context_t* ctx, const PagedCache& p
           const size_t row = static_cast<size_t>((q0 + i) * Hq + h * group + g);
           std::vector<double> qr(q.values.begin() + row * D, q.values.begin() + (row + 1) * D);
           if (k_rot) HadamardDouble(qr.data(), D);
-          const int64_t n_keys = N - nq + i + 1;  // causal, aligned to the end
+          const auto keys = variant.Keys(N, nq, i);
+          const double sink = variant.sinks.empty() ? -INFINITY : variant.sinks[h * group + g];
           const RefAttentionOut ref =
-              RefAttention(qr.data(), K.data(), V.data(), n_keys, D, s, v_rot);
+              RefAttentionKeys(qr.data(), K.data(), V.data(), keys.first, keys.second, D, s,
+                               variant.softcap, sink, v_rot);
           const std::vector<double> got(out.begin() + row * D, out.begin() + (row + 1) * D);
           e.worst_row = std::max(e.worst_row, RelL2(got, ref.o));
           for (int d = 0; d < D; ++d) {
             num += (got[d] - ref.o[d]) * (got[d] - ref.o[d]);
             den += ref.o[d] * ref.o[d];
           }
-          e.worst_lse =
-              std::max(e.worst_lse, std::fabs(r.lse[row] - ref.lse) / (1 + std::fabs(ref.lse)));
-          e.max_abs_lse = std::max(e.max_abs_lse, std::fabs(ref.lse));
+          if (std::isnan(r.lse[row])) {
+            e.worst_lse = INFINITY;
+          } else if (std::isinf(ref.lse) || std::isinf(r.lse[row])) {
+            // -inf (no key, no sink) must be exactly that.
+            if (r.lse[row] != ref.lse) e.worst_lse = INFINITY;
+          } else {
+            e.worst_lse =
+                std::max(e.worst_lse, std::fabs(r.lse[row] - ref.lse) / (1 + std::fabs(ref.lse)));
+            e.max_abs_lse = std::max(e.max_abs_lse, std::fabs(ref.lse));
+          }
         }
       }
     }

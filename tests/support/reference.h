@@ -134,30 +134,46 @@ struct RefAttentionOut {
   double lse = 0;
 };
 
-inline RefAttentionOut RefAttention(const double* q_rot, const float* K, const float* V, int64_t n,
-                                    int D, double scale, bool v_rotated) {
+// The model variants of the same attention (kvarn_attention_params_t): the query sees keys
+// [lo, hi), each scaled score s becomes softcap * tanh(s / softcap) when softcap > 0, and a sink
+// logit (-inf = none) joins the denominator with no value. A query that sees no key gets zeros
+// and lse = the sink.
+inline RefAttentionOut RefAttentionKeys(const double* q_rot, const float* K, const float* V,
+                                        int64_t lo, int64_t hi, int D, double scale, double softcap,
+                                        double sink, bool v_rotated) {
   RefAttentionOut r;
   r.o.assign(D, 0.0);
-  std::vector<double> s(static_cast<size_t>(n));
-  double m = -INFINITY;
-  for (int64_t t = 0; t < n; ++t) {
+  std::vector<double> s(static_cast<size_t>(std::max<int64_t>(hi - lo, 0)));
+  double m = sink;
+  for (int64_t t = lo; t < hi; ++t) {
     double dot = 0;
     const float* k = K + static_cast<size_t>(t) * D;
     for (int d = 0; d < D; ++d) dot += q_rot[d] * static_cast<double>(k[d]);
-    s[t] = scale * dot;
-    m = std::max(m, s[t]);
+    double x = scale * dot;
+    if (softcap > 0) x = softcap * std::tanh(x / softcap);
+    s[t - lo] = x;
+    m = std::max(m, x);
   }
-  double l = 0;
-  for (int64_t t = 0; t < n; ++t) {
-    const double p = std::exp(s[t] - m);
+  double l = sink == -INFINITY ? 0.0 : std::exp(sink - m);
+  for (int64_t t = lo; t < hi; ++t) {
+    const double p = std::exp(s[t - lo] - m);
     l += p;
     const float* v = V + static_cast<size_t>(t) * D;
     for (int d = 0; d < D; ++d) r.o[d] += p * static_cast<double>(v[d]);
+  }
+  if (l == 0) {  // no key and no sink
+    r.lse = -INFINITY;
+    return r;
   }
   for (int d = 0; d < D; ++d) r.o[d] /= l;
   if (v_rotated) HadamardDouble(r.o.data(), D);
   r.lse = m + std::log(l);
   return r;
+}
+
+inline RefAttentionOut RefAttention(const double* q_rot, const float* K, const float* V, int64_t n,
+                                    int D, double scale, bool v_rotated) {
+  return RefAttentionKeys(q_rot, K, V, 0, n, D, scale, 0.0, -INFINITY, v_rotated);
 }
 
 }  // namespace kvt

@@ -351,10 +351,23 @@ inline F Exp(F x) {
   return V::ZeroWhereLess(V::Ldexp(p, n), x, lo);
 }
 
-// Online-softmax step over scores [G] (already scaled; entries >= n_valid are ignored and set
-// to 0): scores become probabilities relative to the new max; returns the old state's factor.
-inline float SoftmaxStep(float* scores, int G, int n_valid, const AttnQuery& st) {
-  for (int t = n_valid; t < G; ++t) scores[t] = -INFINITY;
+// c * tanh(x / c) as (e - 1) / (e + 1), e = exp(2 x / c), with x / c clamped to [-9, 9] (tanh is
+// 1 - 3e-8 there): absolute error ~c * 1e-7, far below the scores' own rounding.
+inline F Softcap(F x, float c) {
+  const F t = V::Min(V::Max(V::Mul(x, V::Set1(1.f / c)), V::Set1(-9.f)), V::Set1(9.f));
+  const F e = Exp(V::Add(t, t));
+  return V::Mul(V::Set1(c), V::Div(V::Sub(e, V::Set1(1.f)), V::Add(e, V::Set1(1.f))));
+}
+
+// Online-softmax step over scores [G] (already scaled; the query sees [st.lo, st.n_valid), the
+// other entries are ignored): softcapped when softcap > 0, then probabilities relative to the
+// new max (0 where not seen); returns the old state's factor.
+inline float SoftmaxStep(float* scores, int G, float softcap, const AttnQuery& st) {
+  if (softcap > 0.f) {
+    for (int t = 0; t < G; t += N) V::Store(scores + t, Softcap(V::Load(scores + t), softcap));
+  }
+  for (int t = 0; t < st.lo; ++t) scores[t] = -INFINITY;
+  for (int t = st.n_valid; t < G; ++t) scores[t] = -INFINITY;
   F mv = V::Set1(-INFINITY);
   for (int t = 0; t < G; t += N) mv = V::Max(mv, V::Load(scores + t));
   const float m_new = std::fmax(*st.m, V::ReduceMax(mv));
@@ -486,8 +499,8 @@ inline float Dot(const float* a, const float* b, int n) {
 // codes where 16 vector registers cannot hold 4 x 4 accumulators).
 constexpr int kQB = 4;
 
-void AttendRecord(const RecordView& rec, int D, int G, int key_bits, int value_bits, float scale,
-                  AttnQuery* qs, int nq, float* scores, float* vsum) {
+void AttendRecord(const RecordView& rec, int D, int G, int key_bits, int value_bits,
+                  const ScoreParams& sp, AttnQuery* qs, int nq, float* scores, float* vsum) {
   alignas(64) float qa[kQB * kMaxDim];
   alignas(64) float pa[kQB * kMaxDim];
   for (int q0 = 0; q0 < nq; q0 += kQB) {
@@ -495,7 +508,7 @@ void AttendRecord(const RecordView& rec, int D, int G, int key_bits, int value_b
     AttnQuery* live[kQB];
     int nl = 0;
     for (int i = q0; i < nq && i < q0 + kQB; ++i) {
-      if (qs[i].n_valid > 0) live[nl++] = &qs[i];
+      if (qs[i].n_valid > qs[i].lo) live[nl++] = &qs[i];
     }
     if (nl == 0) continue;
     float qz[kQB];
@@ -520,13 +533,13 @@ void AttendRecord(const RecordView& rec, int D, int G, int key_bits, int value_b
     float alpha[kQB], pz[kQB];
     for (int g = 0; g < nl; ++g) {
       float* s = scores + static_cast<size_t>(g) * G;
-      const F vs = V::Set1(scale), vqz = V::Set1(qz[g]);
+      const F vs = V::Set1(sp.scale), vqz = V::Set1(qz[g]);
       for (int t = 0; t < G; t += N) {
         V::Store(s + t, V::Mul(V::Mul(vs, V::Load(rec.kc + t)), V::Add(V::Load(s + t), vqz)));
       }
-      alpha[g] = SoftmaxStep(s, G, live[g]->n_valid, *live[g]);
-      // sum_t p_t V'[t,:] = c' * (sum_t (p_t a'_t) code[t,:] + sum_t p_t z'_t); p_t = 0 past
-      // n_valid.
+      alpha[g] = SoftmaxStep(s, G, sp.softcap, *live[g]);
+      // sum_t p_t V'[t,:] = c' * (sum_t (p_t a'_t) code[t,:] + sum_t p_t z'_t); p_t = 0 outside
+      // [lo, n_valid).
       F z = V::Set1(0.f);
       for (int t = 0; t < G; t += N) {
         const F p = V::Load(s + t);
@@ -558,13 +571,14 @@ void AttendRecord(const RecordView& rec, int D, int G, int key_bits, int value_b
   }
 }
 
-void AttendPage(const uint16_t* k, const uint16_t* v, int D, int G, float scale, AttnQuery* qs,
-                int nq, float* scores) {
+void AttendPage(const uint16_t* k, const uint16_t* v, int D, int G, const ScoreParams& sp,
+                AttnQuery* qs, int nq, float* scores) {
+  const float scale = sp.scale;
   for (int q0 = 0; q0 < nq; q0 += kQB) {
     AttnQuery* live[kQB];
     int nl = 0, n_max = 0;
     for (int i = q0; i < nq && i < q0 + kQB; ++i) {
-      if (qs[i].n_valid > 0) {
+      if (qs[i].n_valid > qs[i].lo) {
         live[nl++] = &qs[i];
         n_max = qs[i].n_valid > n_max ? qs[i].n_valid : n_max;
       }
@@ -592,13 +606,13 @@ void AttendPage(const uint16_t* k, const uint16_t* v, int D, int G, float scale,
     for (int g = 0; g < nl; ++g) {
       float* s = scores + static_cast<size_t>(g) * G;
       for (int t = n_max; t < G; ++t) s[t] = 0.f;
-      alpha[g] = SoftmaxStep(s, G, live[g]->n_valid, *live[g]);
+      alpha[g] = SoftmaxStep(s, G, sp.softcap, *live[g]);
     }
     for (int g = nl; g < kQB; ++g) {
       for (int t = 0; t < G; ++t) scores[g * G + t] = 0.f;
     }
-    // acc = acc * alpha + sum_t p_t v_t, 4 vectors of channels at a time (rows past a query's
-    // n_valid have p = 0; rows past n_max are never read: they may hold anything).
+    // acc = acc * alpha + sum_t p_t v_t, 4 vectors of channels at a time (rows a query does not
+    // see have p = 0; rows past n_max are never read: they may hold anything).
     for (int d0 = 0; d0 < D; d0 += 4 * N) {
       const int nv = (D - d0) / N < 4 ? (D - d0) / N : 4;
       F acc[kQB][4];

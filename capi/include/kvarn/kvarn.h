@@ -412,16 +412,44 @@ KVARN_API kvarn_status_t kvarn_paged_flush(kvarn_context_t* context, const kvarn
                                            const kvarn_paged_kv_t* kv, size_t n_tiles,
                                            const int32_t* src_pages, const int32_t* dst_blocks);
 
+/* Which cached keys a query sees (positions as in kvarn_attention_params_t). */
+typedef enum kvarn_attention_mode {
+  /* Queries are the last n_b tokens of the cache (appended before the call): query i of n_b is
+   * at position p = N_b - n_b + i and sees keys [0, p]. */
+  KVARN_ATTENTION_CAUSAL = 0,
+  /* Queries follow the cache (not appended): query i of n_b is at position p = N_b + i and sees
+   * every cached key [0, N_b), for an engine that attends to the new tokens with its own fp16
+   * kernel and merges the two results by lse. A query that sees no key gets zeros and lse = its
+   * sink logit, or -inf without sinks. */
+  KVARN_ATTENTION_PREFIX = 1,
+  KVARN_ATTENTION_MODE_SENTINEL_ = 0x7fffffff
+} kvarn_attention_mode_t;
+
 typedef struct kvarn_attention_params {
   size_t size;             /* sizeof(kvarn_attention_params_t) */
   int32_t num_q_heads;     /* Hq, a multiple of Hk; query head h reads KV head h / (Hq/Hk) */
   float scale;             /* softmax scale; 0 = 1/sqrt(D) (default 0) */
   const int32_t* q_indptr; /* [batch+1] query tokens per sequence (host), or NULL = decode
                               (one query token per sequence). Query i of n_b attends to keys
-                              [0, N_b - n_b + i] (causal, aligned to the sequence end). */
+                              [0, N_b - n_b + i] (causal, aligned to the sequence end; `mode`
+                              and `sliding_window` below change which keys). */
   kvarn_dtype_t q_dtype;   /* dtype of q */
   kvarn_dtype_t out_dtype; /* dtype of out */
   int32_t num_splits;      /* split-K partitions per (sequence, KV head); 0 = automatic */
+  /* Model variants (0 / NULL: plain causal attention, the behaviour before these fields);
+   * docs/API.md "Model variants" maps model configs onto these fields. */
+  const float* sinks;          /* [Hq] learned sink logits (gpt-oss), context memory, or NULL: each
+                                  joins its head's softmax denominator as exp(sinks[h]) (a logit in
+                                  the scaled-score domain, not softcapped, with no value), and lse
+                                  includes it. Read at every call (a plan keeps the pointer); must be
+                                  finite. */
+  int32_t sliding_window;      /* 0 = full attention; W > 0: the query at position p sees the W most
+                                  recent keys, itself included: [p - W + 1, p] (transformers'
+                                  config.sliding_window; FlashAttention's window_left is W - 1).
+                                  Tiles wholly outside every query's window are never read. */
+  float logit_softcap;         /* 0 = off; c > 0: each scaled score s becomes c * tanh(s / c) before
+                                  the softmax (Gemma 2's attn_logit_softcapping) */
+  kvarn_attention_mode_t mode; /* KVARN_ATTENTION_CAUSAL (default) or KVARN_ATTENTION_PREFIX */
 } kvarn_attention_params_t;
 
 KVARN_API void kvarn_attention_params_defaults(kvarn_attention_params_t* params);
