@@ -63,6 +63,7 @@
 %ignore kvarn_paged_kv::seq_lens;
 %ignore kvarn_paged_kv::record_tiles;
 %ignore kvarn_attention_params::q_indptr;
+%ignore kvarn_attention_params::sinks;
 %ignore kvarn_launch::stream;
 %ignore kvarn_launch::seq_status;
 %ignore kvarn_launch::workspace;
@@ -98,6 +99,10 @@
   /* 0 = NULL (decode). */
   void set_q_indptr(unsigned long long q_indptr) {
     $self->q_indptr = (const int32_t*)(uintptr_t)q_indptr;
+  }
+  /* 0 = NULL (no sink logits); else fp32 [Hq] in the context's memory. */
+  void set_sinks(unsigned long long sinks) {
+    $self->sinks = (const float*)(uintptr_t)sinks;
   }
 }
 %extend kvarn_launch {

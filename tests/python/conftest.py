@@ -62,9 +62,13 @@ def rel_l2(x, ref) -> float:
     return float(np.linalg.norm(x - ref) / np.linalg.norm(ref))
 
 
-def attention_reference(q, k_cf, v_cf, n_queries: int, d: int):
-    """float64 causal attention of one sequence in the cache frame (K and V rotated).
-    q [n, Hq, D] unrotated; k_cf/v_cf [N, Hk, D]; returns (out [n, Hq, D] unrotated, lse)."""
+def attention_reference(
+    q, k_cf, v_cf, n_queries: int, d: int, *, sinks=None, sliding_window=0, logit_softcap=0.0,
+    mode="causal",
+):
+    """float64 attention of one sequence in the cache frame (K and V rotated), causal or with
+    the model variants of kvarn_attention_params_t. q [n, Hq, D] unrotated; k_cf/v_cf
+    [N, Hk, D]; returns (out [n, Hq, D] unrotated, lse)."""
     h = hadamard(d)
     qr = np.asarray(q, np.float64) @ h
     n_tokens, hk = k_cf.shape[:2]
@@ -72,12 +76,18 @@ def attention_reference(q, k_cf, v_cf, n_queries: int, d: int):
     out = np.zeros((n_queries, hq, d))
     lse = np.zeros((n_queries, hq))
     for i in range(n_queries):
-        visible = n_tokens - n_queries + i + 1
+        pos = n_tokens + i if mode == "prefix" else n_tokens - n_queries + i
+        hi = n_tokens if mode == "prefix" else pos + 1
+        lo = max(0, pos - sliding_window + 1) if sliding_window > 0 else 0
         for head in range(hq):
             kv_head = head // (hq // hk)
-            s = k_cf[:visible, kv_head].astype(np.float64) @ qr[i, head] / math.sqrt(d)
-            m = s.max()
+            s = k_cf[lo:hi, kv_head].astype(np.float64) @ qr[i, head] / math.sqrt(d)
+            if logit_softcap > 0:
+                s = logit_softcap * np.tanh(s / logit_softcap)
+            sink = -math.inf if sinks is None else float(sinks[head])
+            m = max(s.max(initial=-math.inf), sink)
             p = np.exp(s - m)
-            out[i, head] = p @ v_cf[:visible, kv_head].astype(np.float64) / p.sum()
-            lse[i, head] = m + math.log(p.sum())
+            den = p.sum() + (0.0 if sinks is None else math.exp(sink - m))
+            out[i, head] = p @ v_cf[lo:hi, kv_head].astype(np.float64) / den
+            lse[i, head] = m + math.log(den)
     return out @ h, lse

@@ -179,3 +179,51 @@ def test_stats_count_tokens_bytes_and_compression(ctx, rng):
         assert s.compression_ratio == pytest.approx(s.fp16_bytes / s.bytes_used)
         assert 3.5 < s.compression_ratio < 4.74
         assert "k4v2_g128" in repr(cache)
+
+
+@pytest.mark.parametrize(
+    "variant",
+    [
+        {"sinks": True, "sliding_window": 128},  # gpt-oss
+        {"sliding_window": 300, "logit_softcap": 5.0},  # Gemma 2, a softcap that bends scores
+        {"mode": "prefix", "sinks": True, "sliding_window": 200},
+    ],
+)
+def test_model_variants_match_float64_attention(ctx, rng, variant):
+    config = kvarn.Config()
+    hq = 8
+    variant = dict(variant)
+    if variant.get("sinks"):
+        variant["sinks"] = (1.5 * rng.standard_normal(hq) + 1.0).astype(np.float32)
+    cache = kvarn.Cache(config, num_layers=1, num_kv_heads=HK, max_tokens=4096, ctx=ctx)
+    lens = {20: 5 * 128 + 3, 21: 200}
+    stored = {}
+    for seq, n in lens.items():
+        cache.add_sequence(seq)
+        k, v = tokens(rng, n)
+        cache.append(seq, 0, k, v)
+        stored[seq] = stored_cache(ctx, config, k, v)
+    q = rng.standard_normal((9, hq, D)).astype(np.float32)
+    out, lse = cache.attention(0, [20, 21], q, q_indptr=[0, 6, 9], return_lse=True, **variant)
+    plain = cache.attention(0, [20, 21], q, q_indptr=[0, 6, 9], mode=variant.get("mode", "causal"))
+    for seq, rows in ((20, slice(0, 6)), (21, slice(6, 9))):
+        n = rows.stop - rows.start
+        ref, ref_lse = attention_reference(q[rows], *stored[seq], n, D, **variant)
+        assert rel_l2(out[rows], ref) < 1e-3
+        np.testing.assert_allclose(lse[rows], ref_lse, rtol=1e-4, atol=1e-4)
+    assert rel_l2(out, plain) > 1e-3  # the variant reached the kernel
+
+
+def test_model_variant_arguments_are_checked(ctx, rng):
+    cache = kvarn.Cache(kvarn.Config(), num_layers=1, num_kv_heads=HK, max_tokens=1024, ctx=ctx)
+    cache.add_sequence(1)
+    cache.append(1, 0, *tokens(rng, 50))
+    q = rng.standard_normal((1, 4, D)).astype(np.float32)
+    with pytest.raises(kvarn.InvalidArgumentError, match="mode"):
+        cache.attention(0, [1], q, mode="bidirectional")
+    with pytest.raises(kvarn.InvalidArgumentError, match="sliding_window"):
+        cache.attention(0, [1], q, sliding_window=-1)
+    with pytest.raises(kvarn.ShapeError, match="sinks"):
+        cache.attention(0, [1], q, sinks=np.zeros(3, np.float32))
+    with pytest.raises(kvarn.InvalidArgumentError, match="sinks"):
+        cache.attention(0, [1], q, sinks=np.array([0, 0, np.nan, 0], np.float32))

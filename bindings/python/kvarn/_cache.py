@@ -170,6 +170,10 @@ class Cache(_Closable):
         dtype: Optional[str] = None,
         out_dtype: Optional[str] = None,
         num_splits: int = 0,
+        sinks: Any = None,
+        sliding_window: int = 0,
+        logit_softcap: float = 0.0,
+        mode: str = "causal",
         return_lse: bool = False,
         out: Any = None,
         lse: Any = None,
@@ -180,7 +184,8 @@ class Cache(_Closable):
         q [q_indptr[-1], Hq, D], query i of the n_b tokens of sequence b sees the keys up to
         position N_b - n_b + i (causal, aligned to the sequence end). Hq must be a multiple of
         Hk. Returns out [total, Hq, D] (dtype `out_dtype`, default q's), or (out, lse) with
-        lse float32 [total, Hq]."""
+        lse float32 [total, Hq]. sinks, sliding_window, logit_softcap and mode: the model
+        variants, as for :meth:`Context.paged_attention`."""
         ids = A.host_ints(seq_ids, "seq_ids", "i64")
         params, qa, out, lse, _, extra = self.ctx._attention_args(
             self.config,
@@ -191,6 +196,7 @@ class Cache(_Closable):
             dtype,
             out_dtype,
             num_splits,
+            (sinks, sliding_window, logit_softcap, mode),
             return_lse,
             out,
             lse,

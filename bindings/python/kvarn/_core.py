@@ -61,6 +61,9 @@ ABLATE_NONE: int = capi.ABLATE_NONE
 ABLATE_NO_ROTATION: int = capi.ABLATE_NO_ROTATION
 ABLATE_NO_NORMALIZATION: int = capi.ABLATE_NO_NORMALIZATION
 
+# kvarn_attention_params_t.mode by name.
+_ATTENTION_MODES = {"causal": capi.ATTENTION_CAUSAL, "prefix": capi.ATTENTION_PREFIX}
+
 _BACKEND_DEVICE_TYPE = {Backend.CPU: A.DL_CPU, Backend.CUDA: A.DL_CUDA, Backend.ROCM: A.DL_ROCM}
 
 
@@ -622,17 +625,26 @@ class Context(_Closable):
         dtype: Optional[str] = None,
         out_dtype: Optional[str] = None,
         num_splits: int = 0,
+        sinks: Any = None,
+        sliding_window: int = 0,
+        logit_softcap: float = 0.0,
+        mode: str = "causal",
         return_lse: bool = False,
         out: Any = None,
         lse: Any = None,
     ) -> Any:
         """Attention of queries over the paged cache (decode when q_indptr is None, else
         extend). q: [total_q_tokens, Hq, D], unrotated; returns out [total_q_tokens, Hq, D]
-        (dtype `out_dtype`, default q's), or (out, lse) with lse float32 [total_q_tokens, Hq]."""
+        (dtype `out_dtype`, default q's), or (out, lse) with lse float32 [total_q_tokens, Hq].
+        Model variants (docs/API.md): `sinks` float32 [Hq] learned sink logits in the context's
+        memory, `sliding_window` W (the W most recent keys; 0 = full), `logit_softcap` c (0 =
+        off), `mode` "causal" or "prefix" (queries follow the cache)."""
         config = _config(config)
         c_kv, keep = kv._c(self, config)
+        variant = (sinks, sliding_window, logit_softcap, mode)
         params, q_arr, out, lse, total, extra = self._attention_args(
-            config, q, kv.batch, q_indptr, scale, dtype, out_dtype, num_splits, return_lse, out, lse
+            config, q, kv.batch, q_indptr, scale, dtype, out_dtype, num_splits, variant,
+            return_lse, out, lse
         )
         with self._lock:
             ws_bytes = capi.paged_attention_workspace_size(
@@ -664,6 +676,7 @@ class Context(_Closable):
         dtype: Optional[str],
         out_dtype: Optional[str],
         num_splits: int,
+        variant: Tuple[Any, int, float, str],
         return_lse: bool,
         out: Any,
         lse: Any,
@@ -702,8 +715,30 @@ class Context(_Closable):
         params.out_dtype = A.KIND_TO_CODE[o_kind]
         params.num_splits = int(num_splits)
         params.set_q_indptr(indptr.__array_interface__["data"][0] if indptr is not None else 0)
-        # The struct points into indptr: the caller keeps it alive during the call.
-        return params, qa, out, lse, total, (oa, lse_address, indptr)
+        sinks = self._set_variant(params, int(hq), *variant)
+        # The struct points into indptr and sinks: the caller keeps them alive during the call.
+        return params, qa, out, lse, total, (oa, lse_address, indptr, sinks)
+
+    def _set_variant(
+        self, params: Any, num_q_heads: int, sinks: Any, sliding_window: int,
+        logit_softcap: float, mode: str,
+    ) -> Optional[A.Array]:
+        """Sets the model-variant fields of a kvarn_attention_params_t; returns the sinks
+        array (in the context's memory), which the struct points into, or None."""
+        if mode not in _ATTENTION_MODES:
+            raise InvalidArgumentError(
+                f"mode {mode!r}: expected one of {', '.join(map(repr, _ATTENTION_MODES))}"
+            )
+        params.mode = _ATTENTION_MODES[mode]
+        params.sliding_window = int(sliding_window)
+        params.logit_softcap = float(logit_softcap)
+        if sinks is None:
+            params.set_sinks(0)
+            return None
+        sa = self._take(sinks, "sinks")
+        A.expect(sa, "sinks", (num_q_heads,), ["f32"])
+        params.set_sinks(sa.address)
+        return sa
 
 
 class PagedKV:

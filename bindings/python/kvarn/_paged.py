@@ -305,6 +305,8 @@ class AttentionPlan(_Closable):
     Decode (``max_q_per_seq=0``): one query row per sequence slot, q/out [batch, Hq, D].
     Extend: up to max_q_per_seq query tokens per sequence and max_total_q per step, q/out
     [max_total_q, Hq, D] with ``q_indptr`` (int32 [batch+1], context memory) at run time.
+    sinks, sliding_window, logit_softcap and mode: the model variants, as for
+    :meth:`Context.paged_attention`; the plan keeps `sinks` and reads its values at every run.
     The plan belongs to its context: closing the context closes the plan.
     """
 
@@ -323,6 +325,10 @@ class AttentionPlan(_Closable):
         q_dtype: Any = "f32",
         out_dtype: Any = None,
         num_splits: int = 0,
+        sinks: Any = None,
+        sliding_window: int = 0,
+        logit_softcap: float = 0.0,
+        mode: str = "causal",
         like: Any = None,
     ) -> None:
         self._token = 0
@@ -350,6 +356,10 @@ class AttentionPlan(_Closable):
         params.q_dtype = A.KIND_TO_CODE[self.q_dtype]
         params.out_dtype = A.KIND_TO_CODE[self.out_dtype]
         params.num_splits = int(num_splits)
+        # The plan keeps the sinks pointer and reads it at every run: the plan keeps the array.
+        self._sinks = ctx._set_variant(
+            params, self.num_q_heads, sinks, sliding_window, logit_softcap, mode
+        )
         with ctx._lock:
             handle = capi.attention_plan_create(ctx._h(), self.config._c(), shape, params)
             self._token, self._finalizer = ctx._adopt(self, capi.attention_plan_destroy, handle)

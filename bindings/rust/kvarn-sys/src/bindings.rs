@@ -936,6 +936,11 @@ extern "C" {
         dst_blocks: *const i32,
     ) -> kvarn_status_t;
 }
+pub const KVARN_ATTENTION_CAUSAL: kvarn_attention_mode = 0;
+pub const KVARN_ATTENTION_PREFIX: kvarn_attention_mode = 1;
+pub const KVARN_ATTENTION_MODE_SENTINEL_: kvarn_attention_mode = 2147483647;
+pub type kvarn_attention_mode = ::std::os::raw::c_uint;
+pub use self::kvarn_attention_mode as kvarn_attention_mode_t;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kvarn_attention_params {
@@ -946,12 +951,16 @@ pub struct kvarn_attention_params {
     pub q_dtype: kvarn_dtype_t,
     pub out_dtype: kvarn_dtype_t,
     pub num_splits: i32,
+    pub sinks: *const f32,
+    pub sliding_window: i32,
+    pub logit_softcap: f32,
+    pub mode: kvarn_attention_mode_t,
 }
 #[test]
 fn bindgen_test_layout_kvarn_attention_params() {
     assert_eq!(
         ::std::mem::size_of::<kvarn_attention_params>(),
-        40usize,
+        64usize,
         concat!("Size of: ", stringify!(kvarn_attention_params))
     );
     assert_eq!(
@@ -1078,6 +1087,74 @@ fn bindgen_test_layout_kvarn_attention_params() {
         );
     }
     test_field_num_splits();
+    fn test_field_sinks() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_attention_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).sinks) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_attention_params),
+                "::",
+                stringify!(sinks)
+            )
+        );
+    }
+    test_field_sinks();
+    fn test_field_sliding_window() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_attention_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).sliding_window) as usize - ptr as usize
+            },
+            48usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_attention_params),
+                "::",
+                stringify!(sliding_window)
+            )
+        );
+    }
+    test_field_sliding_window();
+    fn test_field_logit_softcap() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_attention_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).logit_softcap) as usize - ptr as usize
+            },
+            52usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_attention_params),
+                "::",
+                stringify!(logit_softcap)
+            )
+        );
+    }
+    test_field_logit_softcap();
+    fn test_field_mode() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_attention_params>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).mode) as usize - ptr as usize
+            },
+            56usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_attention_params),
+                "::",
+                stringify!(mode)
+            )
+        );
+    }
+    test_field_mode();
 }
 pub type kvarn_attention_params_t = kvarn_attention_params;
 extern "C" {

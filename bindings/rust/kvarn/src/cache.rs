@@ -55,9 +55,19 @@ impl CacheOptions {
     }
 }
 
+/// Which cached keys a query sees (`kvarn_attention_mode_t`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttentionMode {
+    /// The queries are the last tokens of the cache: query i of n sits at N - n + i.
+    Causal,
+    /// The queries follow the cache (not appended): query i of n sits at N + i and sees every
+    /// cached key; for merging with an engine's own attention over the new tokens by lse.
+    Prefix,
+}
+
 /// Attention parameters (`kvarn_attention_params_t`): decode (one query token per sequence) or
 /// extend (`q_indptr`: `[n_seqs + 1]` offsets of each sequence's query tokens, causal, aligned to
-/// the sequence end).
+/// the sequence end), and the model variants (docs/API.md "Model variants").
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttentionParams<'a> {
     /// Hq, a multiple of Hk; query head h reads KV head h / (Hq/Hk).
@@ -68,6 +78,14 @@ pub struct AttentionParams<'a> {
     pub num_splits: i32,
     /// `None` = decode; `Some(indptr)` = extend.
     pub q_indptr: Option<&'a [i32]>,
+    /// Learned sink logits, one per query head (gpt-oss), or `None`.
+    pub sinks: Option<&'a [f32]>,
+    /// 0 = full attention; W > 0: a query sees the W most recent keys, itself included.
+    pub sliding_window: i32,
+    /// 0 = off; c > 0: scores become c * tanh(s / c) (Gemma 2).
+    pub logit_softcap: f32,
+    /// Causal (default) or prefix.
+    pub mode: AttentionMode,
 }
 
 impl<'a> AttentionParams<'a> {
@@ -78,6 +96,10 @@ impl<'a> AttentionParams<'a> {
             scale: 0.0,
             num_splits: 0,
             q_indptr: None,
+            sinks: None,
+            sliding_window: 0,
+            logit_softcap: 0.0,
+            mode: AttentionMode::Causal,
         }
     }
 
@@ -88,6 +110,10 @@ impl<'a> AttentionParams<'a> {
             scale: 0.0,
             num_splits: 0,
             q_indptr: Some(q_indptr),
+            sinks: None,
+            sliding_window: 0,
+            logit_softcap: 0.0,
+            mode: AttentionMode::Causal,
         }
     }
 }
@@ -365,6 +391,15 @@ impl<'ctx> Cache<'ctx> {
             )));
         }
         let d = positive(self.config.head_dim, "head_dim")?;
+        if let Some(s) = params.sinks {
+            if s.len() != hq {
+                return Err(Error::invalid(format!(
+                    "sinks has {} entries, num_q_heads {} needs one per query head",
+                    s.len(),
+                    hq
+                )));
+            }
+        }
         let total = match params.q_indptr {
             None => seq_ids.len(),
             Some(indptr) => {
@@ -422,6 +457,13 @@ impl<'ctx> Cache<'ctx> {
         p.scale = params.scale;
         p.num_splits = params.num_splits;
         p.q_indptr = params.q_indptr.map_or(ptr::null(), |s| s.as_ptr());
+        p.sinks = params.sinks.map_or(ptr::null(), |s| s.as_ptr());
+        p.sliding_window = params.sliding_window;
+        p.logit_softcap = params.logit_softcap;
+        p.mode = match params.mode {
+            AttentionMode::Causal => sys::KVARN_ATTENTION_CAUSAL,
+            AttentionMode::Prefix => sys::KVARN_ATTENTION_PREFIX,
+        };
         p.q_dtype = Q::DTYPE.raw();
         p.out_dtype = O::DTYPE.raw();
         // SAFETY: q, out and lse have the lengths the shapes need (checked above, with D and Hk

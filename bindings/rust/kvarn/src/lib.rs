@@ -47,7 +47,7 @@ mod context;
 mod dtype;
 mod error;
 
-pub use cache::{AttentionParams, Cache, CacheOptions, CacheStats, SequenceLength};
+pub use cache::{AttentionMode, AttentionParams, Cache, CacheOptions, CacheStats, SequenceLength};
 pub use config::{presets, Config, RecordField};
 pub use context::{Context, ContextOptions, Frame};
 pub use dtype::{Bf16, Dtype, Element, F16};

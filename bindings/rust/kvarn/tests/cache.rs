@@ -4,8 +4,8 @@
 
 mod common;
 
-use common::{attention, reconstruct, rel_l2, Rng};
-use kvarn::{AttentionParams, Cache, CacheOptions, Config, Context, Status, F16};
+use common::{attention, attention_window, reconstruct, rel_l2, Rng};
+use kvarn::{AttentionMode, AttentionParams, Cache, CacheOptions, Config, Context, Status, F16};
 
 const D: usize = 64;
 const HK: usize = 2;
@@ -518,4 +518,74 @@ fn fp16_and_bf16_appends_store_the_same_as_f32_of_the_same_values() {
     assert!(cache.export_sequence(1).unwrap() == cache.export_sequence(2).unwrap());
     assert!(cache.export_sequence(3).unwrap() == cache.export_sequence(4).unwrap());
     assert!(cache.export_sequence(1).unwrap() != cache.export_sequence(3).unwrap());
+}
+
+#[test]
+fn model_variants_sliding_window_and_sinks() {
+    let (ctx, config) = setup("k4v2_g64");
+    let mut cache = Cache::new(&ctx, &options(config)).unwrap();
+    let mut rng = Rng::new(17);
+    let mut m = Mirror::new();
+    cache.add_sequence(9).unwrap();
+    append(&mut cache, &mut rng, 9, &mut m, 300, false);
+    let q = rng.tensor(HQ * D, D);
+    let (k2, v2) = reconstruct(&ctx, &config, HK, &m.k[0], &m.v[0], m.committed);
+    // A 100-token window (Mistral / gpt-oss style) against the reference over those keys.
+    let mut windowed = AttentionParams::decode(HQ as i32);
+    windowed.sliding_window = 100;
+    let mut out = vec![0f32; HQ * D];
+    cache
+        .attention(0, &[9], &windowed, &q, &mut out, None)
+        .unwrap();
+    let (want, _) = attention_window(&q, &k2, &v2, HQ, HK, D, 100);
+    let err = rel_l2(&out, &want);
+    assert!(err < 1e-4, "window: relative L2 error {err}");
+    let (full, _) = attention(&q, &k2, &v2, HQ, HK, D);
+    assert!(rel_l2(&out, &full) > 1e-3, "the window changed nothing");
+    // Learned sinks: each joins its head's denominator, so out = plain / (1 + e^(sink - lse)).
+    let sinks: Vec<f32> = (0..HQ).map(|h| 0.5 * h as f32 - 1.0).collect();
+    let mut with_sinks = AttentionParams::decode(HQ as i32);
+    with_sinks.sinks = Some(&sinks);
+    let (mut plain, mut plain_lse) = (vec![0f32; HQ * D], vec![0f32; HQ]);
+    let plain_params = AttentionParams::decode(HQ as i32);
+    cache
+        .attention(0, &[9], &plain_params, &q, &mut plain, Some(&mut plain_lse))
+        .unwrap();
+    let (mut sunk, mut sunk_lse) = (vec![0f32; HQ * D], vec![0f32; HQ]);
+    cache
+        .attention(0, &[9], &with_sinks, &q, &mut sunk, Some(&mut sunk_lse))
+        .unwrap();
+    for h in 0..HQ {
+        let (l, s) = (plain_lse[h] as f64, sinks[h] as f64);
+        let keep = 1.0 / (1.0 + (s - l).exp());
+        for c in 0..D {
+            let want = plain[h * D + c] as f64 * keep;
+            assert!((sunk[h * D + c] as f64 - want).abs() < 1e-5 * (1.0 + want.abs()));
+        }
+        let want_lse = l.max(s) + (1.0 + (-(l - s).abs()).exp()).ln();
+        assert!(
+            (sunk_lse[h] as f64 - want_lse).abs() < 1e-5,
+            "lse {} vs {want_lse}",
+            sunk_lse[h]
+        );
+    }
+    // Prefix mode: a decode query after the cache sees every key, as the causal last token does.
+    let mut prefix = AttentionParams::decode(HQ as i32);
+    prefix.mode = AttentionMode::Prefix;
+    let mut out_prefix = vec![0f32; HQ * D];
+    cache
+        .attention(0, &[9], &prefix, &q, &mut out_prefix, None)
+        .unwrap();
+    assert_eq!(out_prefix, plain);
+    // One sink per query head, or an error before anything is read.
+    with_sinks.sinks = Some(&sinks[..3]);
+    let e = cache
+        .attention(0, &[9], &with_sinks, &q, &mut out, None)
+        .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
+    windowed.sliding_window = -1;
+    let e = cache
+        .attention(0, &[9], &windowed, &q, &mut out, None)
+        .unwrap_err();
+    assert_eq!(e.status(), Status::InvalidArgument);
 }

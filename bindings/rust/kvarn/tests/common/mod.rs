@@ -131,6 +131,19 @@ pub fn attention(
     hk: usize,
     d: usize,
 ) -> (Vec<f64>, Vec<f64>) {
+    attention_window(q, k, v, hq, hk, d, 0)
+}
+
+/// `attention` under a sliding window: query p sees the `window` most recent keys (0 = all).
+pub fn attention_window(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    hq: usize,
+    hk: usize,
+    d: usize,
+    window: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let n = k.len() / (hk * d);
     let n_q = q.len() / (hq * d);
     let scale = 1.0 / (d as f64).sqrt();
@@ -139,10 +152,15 @@ pub fn attention(
     let mut lse = vec![0f64; n_q * hq];
     for i in 0..n_q {
         let visible = n - n_q + i + 1;
+        let first = if window > 0 {
+            visible.saturating_sub(window)
+        } else {
+            0
+        };
         for h in 0..hq {
             let kv = h / group;
             let qrow = &q[(i * hq + h) * d..(i * hq + h + 1) * d];
-            let scores: Vec<f64> = (0..visible)
+            let scores: Vec<f64> = (first..visible)
                 .map(|j| {
                     let krow = &k[(j * hk + kv) * d..(j * hk + kv + 1) * d];
                     scale
@@ -158,7 +176,7 @@ pub fn attention(
             let z: f64 = w.iter().sum();
             lse[i * hq + h] = m + z.ln();
             let o = &mut out[(i * hq + h) * d..(i * hq + h + 1) * d];
-            for (j, wj) in w.iter().enumerate() {
+            for (j, wj) in (first..visible).zip(w.iter()) {
                 let vrow = &v[(j * hk + kv) * d..(j * hk + kv + 1) * d];
                 for c in 0..d {
                     o[c] += wj / z * vrow[c] as f64;

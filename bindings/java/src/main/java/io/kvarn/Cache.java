@@ -329,7 +329,13 @@ public final class Cache implements AutoCloseable {
     Buffer qView = Buffers.tensor(q, "q", params.qDtype(), elements, false);
     Buffer outView = Buffers.tensor(out, "out", params.outDtype(), elements, true);
     Buffer lseView = lse == null ? null : Buffers.tensor(lse, "lse", DType.F32, totalQ * heads, true);
+    float[] sinks = params.sinksRef();
+    if (sinks != null && sinks.length != heads) {
+      throw Buffers.invalid("sinks has " + sinks.length + " entries; numQHeads " + heads
+          + " needs one per query head");
+    }
     IntBuffer indptrBuffer = null;
+    FloatBuffer sinksBuffer = null;
     NativeAttentionParams p = new NativeAttentionParams();
     try {
       p.setNum_q_heads(heads);
@@ -337,6 +343,14 @@ public final class Cache implements AutoCloseable {
       p.setQ_dtype(params.qDtype().code());
       p.setOut_dtype(params.outDtype().code());
       p.setNum_splits(params.numSplits());
+      p.setSliding_window(params.slidingWindow());
+      p.setLogit_softcap(params.logitSoftcap());
+      p.setMode(params.mode().code());
+      if (sinks != null) {
+        sinksBuffer = Buffers.allocate(4L * sinks.length).asFloatBuffer();
+        sinksBuffer.put(sinks);
+        p.set_sinks(KvarnNative.buffer_address(sinksBuffer));
+      }
       if (indptr != null) {
         indptrBuffer = Buffers.allocate(4L * indptr.length).asIntBuffer();
         indptrBuffer.put(indptr);
@@ -352,6 +366,7 @@ public final class Cache implements AutoCloseable {
     } finally {
       p.delete();
       Reference.reachabilityFence(indptrBuffer);
+      Reference.reachabilityFence(sinksBuffer);
     }
   }
 

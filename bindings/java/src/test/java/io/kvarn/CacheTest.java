@@ -164,6 +164,59 @@ class CacheTest {
   }
 
   @Test
+  void modelVariantsSlidingWindowSinksAndPrefix() {
+    int tokens = 4 * G + 9;
+    int window = 100;
+    float[][] kv = Reference.syntheticKv(rng, tokens, HK, D);
+    cache.addSequence(4);
+    cache.append(4, 0, slice(kv[0], 0, tokens), slice(kv[1], 0, tokens));
+    float[] q = Reference.gaussian(rng, HQ * D);
+    // The window's keys are the last `window` tokens: the reference over those alone.
+    FloatBuffer out = TestData.zeros(HQ * D);
+    cache.attention(0, new long[] {4}, new AttentionParams(HQ).slidingWindow(window),
+        TestData.floats(q), out, null);
+    float[][] held = Reference.cacheContents(ctx, config, kv[0], kv[1], tokens, tokens, HK);
+    int from = (tokens - window) * ROW;
+    float[] ref = Reference.attention(q, Arrays.copyOfRange(held[0], from, tokens * ROW),
+        Arrays.copyOfRange(held[1], from, tokens * ROW), window, HQ, HK, D,
+        (float) (1.0 / Math.sqrt(D)));
+    float[] windowed = TestData.array(out);
+    assertTrue(Reference.relativeL2(windowed, ref) < 1e-4);
+    float[] plain = decode(4, 0, q);
+    assertTrue(Reference.relativeL2(windowed, plain) > 1e-3, "the window changed nothing");
+    // Sinks: out = plain / (1 + exp(sink - lse)) per head.
+    float[] sinks = new float[HQ];
+    for (int h = 0; h < HQ; h++) sinks[h] = 0.5f * h - 1f;
+    FloatBuffer lse = TestData.zeros(HQ);
+    FloatBuffer plainOut = TestData.zeros(HQ * D);
+    cache.attention(0, new long[] {4}, new AttentionParams(HQ), TestData.floats(q), plainOut,
+        lse);
+    FloatBuffer sunk = TestData.zeros(HQ * D);
+    cache.attention(0, new long[] {4}, new AttentionParams(HQ).sinks(sinks), TestData.floats(q),
+        sunk, null);
+    float[] p = TestData.array(plainOut);
+    float[] s = TestData.array(sunk);
+    for (int h = 0; h < HQ; h++) {
+      double keep = 1.0 / (1.0 + Math.exp(sinks[h] - lse.get(h)));
+      for (int c = 0; c < D; c++) {
+        double want = p[h * D + c] * keep;
+        assertTrue(Math.abs(s[h * D + c] - want) < 1e-5 * (1 + Math.abs(want)));
+      }
+    }
+    // Prefix mode: one query after the cache sees every key, like the last causal token.
+    FloatBuffer prefix = TestData.zeros(HQ * D);
+    cache.attention(0, new long[] {4}, new AttentionParams(HQ).mode(AttentionParams.Mode.PREFIX),
+        TestData.floats(q), prefix, null);
+    assertArrayEquals(p, TestData.array(prefix));
+    assertStatus(Status.INVALID_ARGUMENT, () -> cache.attention(0, new long[] {4},
+        new AttentionParams(HQ).sinks(1f, 2f), TestData.floats(q), out, null));
+    assertStatus(Status.INVALID_ARGUMENT, () -> cache.attention(0, new long[] {4},
+        new AttentionParams(HQ).slidingWindow(-1), TestData.floats(q), out, null));
+    assertStatus(Status.INVALID_ARGUMENT, () -> cache.attention(0, new long[] {4},
+        new AttentionParams(HQ).logitSoftcap(Float.NaN), TestData.floats(q), out, null));
+  }
+
+  @Test
   void speculativeAppendCommitAndTruncate() {
     float[][] kv = Reference.syntheticKv(rng, G + 20, HK, D);
     cache.addSequence(5);
