@@ -409,4 +409,45 @@ TEST(CudaAttentionErrors, SmallWorkspaceIsRejected) {
                            KVARN_ERR_BUFFER_TOO_SMALL, "workspace"));
 }
 
+// The model variants have no GPU kernels yet: the workspace query, the direct call and plan
+// creation refuse each of them with KVARN_ERR_UNSUPPORTED (never plain attention in their place).
+TEST(CudaAttentionErrors, ModelVariantsAreRefusedNotIgnored) {
+  KVT_CUDA_CONTEXT_OR_SKIP(gpu);
+  auto cpu = kvt::MakeCpuContext();
+  kvt::Rng rng(79);
+  const kvarn_config_t cfg = kvt::PresetConfig("k4v2_g128", 128);
+  kvt::PagedCacheSpec spec;
+  spec.lens = {700};
+  kvt::PagedCache pc;
+  ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg, spec, rng, &pc));
+  DeviceCache dc(gpu.get(), pc);
+  DeviceBuffer dq(gpu.get(), 8 * 128 * 4), dout(gpu.get(), 8 * 128 * 4), dsinks(gpu.get(), 8 * 4);
+  for (int variant = 0; variant < 4; ++variant) {
+    SCOPED_TRACE("variant " + std::to_string(variant));
+    kvarn_attention_params_t p;
+    kvarn_attention_params_defaults(&p);
+    p.num_q_heads = 8;
+    if (variant == 0) p.sinks = static_cast<const float*>(dsinks.get());
+    if (variant == 1) p.sliding_window = 128;
+    if (variant == 2) p.logit_softcap = 30.f;
+    if (variant == 3) p.mode = KVARN_ATTENTION_PREFIX;
+    size_t ws = 0;
+    EXPECT_TRUE(kvt::IsError(
+        kvarn_paged_attention_workspace_size(gpu.get(), &pc.cfg, &dc.kv, &p, 1, &ws),
+        KVARN_ERR_UNSUPPORTED, "CPU backend only"));
+    EXPECT_TRUE(kvt::IsError(kvarn_paged_attention(gpu.get(), &pc.cfg, &dc.kv, &p, dq.get(),
+                                                   dout.get(), nullptr, nullptr, 0),
+                             KVARN_ERR_UNSUPPORTED, "CPU backend only"));
+    kvarn_attention_shape_t shape;
+    kvarn_attention_shape_defaults(&shape);
+    shape.batch = 1;
+    shape.num_kv_heads = pc.Hk;
+    shape.max_blocks_per_seq = pc.max_blocks;
+    kvarn_attention_plan_t* plan = nullptr;
+    EXPECT_TRUE(kvt::IsError(kvarn_attention_plan_create(gpu.get(), &pc.cfg, &shape, &p, &plan),
+                             KVARN_ERR_UNSUPPORTED, "CPU backend only"));
+    EXPECT_EQ(plan, nullptr);
+  }
+}
+
 }  // namespace
