@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -23,9 +24,17 @@ using DeviceCache = kvt::DevicePagedCache;
 
 ::testing::AssertionResult RunCuda(kvarn_context_t* ctx, DeviceCache& dc, const kvt::PagedCache& pc,
                                    const kvt::Queries& q, int Hq, kvarn_dtype_t out_dtype,
-                                   int num_splits, float scale, kvt::AttnOutput* r) {
+                                   int num_splits, float scale, kvt::AttnOutput* r,
+                                   const kvt::AttnVariant& variant = {}) {
   kvarn_attention_params_t p;
   kvarn_attention_params_defaults(&p);
+  variant.Apply(&p);
+  // Sink logits live in the context's memory.
+  DeviceBuffer dsinks(ctx, std::max<size_t>(variant.sinks.size(), 1) * sizeof(float));
+  if (!variant.sinks.empty()) {
+    dsinks.Upload(variant.sinks);
+    p.sinks = static_cast<const float*>(dsinks.get());
+  }
   p.num_q_heads = Hq;
   p.scale = scale;
   p.q_indptr = q.indptr.empty() ? nullptr : q.indptr.data();
@@ -339,6 +348,132 @@ TEST_P(CudaAttention, MatchesFloat64AndTheCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
+// The model variants on the general kernel, behind KVARN_CUDA_EXPERIMENTAL_VARIANTS=1 until
+// this suite has passed on a device: gpt-oss, Gemma 2 and prefix shapes, windows around a tile,
+// against float64 and the CPU backend.
+struct VariantCase {
+  std::string name;
+  std::string preset;
+  int D, Hk, group;
+  std::vector<int> lens, q_lens;
+  int window;
+  float softcap;
+  bool sinks, prefix;
+  int splits;
+};
+
+class CudaAttentionVariants : public ::testing::TestWithParam<VariantCase> {};
+
+TEST_P(CudaAttentionVariants, MatchFloat64AndTheCpuBackend) {
+  KVT_CUDA_CONTEXT_OR_SKIP(gpu);
+  const VariantCase& c = GetParam();
+  setenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS", "1", 1);
+  auto cpu = kvt::MakeCpuContext();
+  kvt::Rng rng(0xA11 + std::hash<std::string>{}(c.name));
+  const kvarn_config_t cfg = kvt::PresetConfig(c.preset, c.D);
+  kvt::PagedCacheSpec spec;
+  spec.num_kv_heads = c.Hk;
+  spec.lens = c.lens;
+  spec.stride_padding = 16;
+  kvt::PagedCache pc;
+  ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg, spec, rng, &pc));
+  const int Hq = c.Hk * c.group;
+  kvt::AttnVariant v;
+  for (int h = 0; h < (c.sinks ? Hq : 0); ++h) {
+    v.sinks.push_back(static_cast<float>(1.5 * rng.Normal() + 1.0));
+  }
+  v.window = c.window;
+  v.softcap = c.softcap;
+  v.prefix = c.prefix;
+  const kvt::Queries q = kvt::MakeQueries(rng, c.q_lens, pc.batch, Hq, c.D, KVARN_DTYPE_F32);
+  DeviceCache dc(gpu.get(), pc);
+  kvt::AttnOutput got, ref_cpu;
+  ASSERT_TRUE(RunCuda(gpu.get(), dc, pc, q, Hq, KVARN_DTYPE_F32, c.splits, 0.f, &got, v));
+  const kvt::AttnErrors e = kvt::CompareWithReference(cpu.get(), pc, q, Hq, 0.f, got, v);
+  EXPECT_LE(e.total, 2e-3);
+  EXPECT_LE(e.worst_row, 1e-2);
+  EXPECT_LE(e.worst_lse, 1e-4);
+  ASSERT_TRUE(kvt::RunAttention(cpu.get(), pc, q, Hq, KVARN_DTYPE_F32, c.splits, 0.f, &ref_cpu, v));
+  EXPECT_LE(kvt::OutputDistance(got, ref_cpu, q.total * Hq * c.D), 2e-3);
+  std::printf("[ errors   ] %s: total %.2e, worst row %.2e, worst lse %.2e\n", c.name.c_str(),
+              e.total, e.worst_row, e.worst_lse);
+  unsetenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS");
+}
+
+std::vector<VariantCase> VariantCases() {
+  return {
+      {"gptoss_window_sinks_decode",
+       "k4v2_g128",
+       64,
+       2,
+       8,
+       {1, 129, 1000, 9000},
+       {},
+       128,
+       0,
+       true,
+       false,
+       0},
+      {"gptoss_window_sinks_extend_split1",
+       "k4v2_g128",
+       64,
+       2,
+       8,
+       {129, 1000, 9000},
+       {3, 40, 130},
+       128,
+       0,
+       true,
+       false,
+       1},
+      {"gptoss_full_sinks_split5", "k4v2_g128", 64, 2, 8, {300, 9000}, {}, 0, 0, true, false, 5},
+      {"gemma2_softcap_window",
+       "k4v2_g128",
+       256,
+       2,
+       2,
+       {5000, 300},
+       {3, 17},
+       4096,
+       50.f,
+       false,
+       false,
+       0},
+      {"gemma3_window_k4v4", "k4v4_g128", 256, 2, 2, {3000, 700}, {}, 1024, 0, false, false, 0},
+      {"window_1_g64", "k4v2_g64", 128, 2, 3, {129, 500, 64}, {4, 2, 64}, 1, 0, false, false, 0},
+      {"window_129_k2v2",
+       "k2v2_g128",
+       128,
+       2,
+       7,
+       {129, 500, 64},
+       {4, 2, 64},
+       129,
+       0,
+       true,
+       false,
+       0},
+      {"prefix_window_sinks",
+       "k8v8_g128",
+       128,
+       2,
+       4,
+       {1, 300, 1000},
+       {5, 200, 33},
+       150,
+       0,
+       true,
+       true,
+       0},
+      {"prefix_decode_softcap", "k4v4_g128", 64, 2, 8, {257, 900}, {}, 0, 20.f, false, true, 3},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, CudaAttentionVariants, ::testing::ValuesIn(VariantCases()),
+                         [](const ::testing::TestParamInfo<VariantCase>& i) {
+                           return i.param.name;
+                         });
+
 TEST(CudaAttentionErrors, BadBlockTableEntryIsReportedAtSynchronize) {
   KVT_CUDA_CONTEXT_OR_SKIP(gpu);
   auto cpu = kvt::MakeCpuContext();
@@ -409,10 +544,12 @@ TEST(CudaAttentionErrors, SmallWorkspaceIsRejected) {
                            KVARN_ERR_BUFFER_TOO_SMALL, "workspace"));
 }
 
-// The model variants have no GPU kernels yet: the workspace query, the direct call and plan
-// creation refuse each of them with KVARN_ERR_UNSUPPORTED (never plain attention in their place).
+// Until the variants' GPU path has passed on a device, the workspace query, the direct call and
+// plan creation refuse each of them with KVARN_ERR_UNSUPPORTED (never plain attention in their
+// place).
 TEST(CudaAttentionErrors, ModelVariantsAreRefusedNotIgnored) {
   KVT_CUDA_CONTEXT_OR_SKIP(gpu);
+  unsetenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS");  // refused unless switched on
   auto cpu = kvt::MakeCpuContext();
   kvt::Rng rng(79);
   const kvarn_config_t cfg = kvt::PresetConfig("k4v2_g128", 128);
@@ -432,9 +569,9 @@ TEST(CudaAttentionErrors, ModelVariantsAreRefusedNotIgnored) {
     if (variant == 2) p.logit_softcap = 30.f;
     if (variant == 3) p.mode = KVARN_ATTENTION_PREFIX;
     size_t ws = 0;
-    EXPECT_TRUE(kvt::IsError(
-        kvarn_paged_attention_workspace_size(gpu.get(), &pc.cfg, &dc.kv, &p, 1, &ws),
-        KVARN_ERR_UNSUPPORTED, "CPU backend only"));
+    EXPECT_TRUE(
+        kvt::IsError(kvarn_paged_attention_workspace_size(gpu.get(), &pc.cfg, &dc.kv, &p, 1, &ws),
+                     KVARN_ERR_UNSUPPORTED, "CPU backend only"));
     EXPECT_TRUE(kvt::IsError(kvarn_paged_attention(gpu.get(), &pc.cfg, &dc.kv, &p, dq.get(),
                                                    dout.get(), nullptr, nullptr, 0),
                              KVARN_ERR_UNSUPPORTED, "CPU backend only"));

@@ -41,6 +41,12 @@ struct AttnParams {
   int32_t Hq, group;
   int32_t chunks_per_seq;
   float scale;
+  // Model variants (kvarn_attention_params_t; the general kernel and the merge only): sink
+  // logits [Hq] or NULL, window W (0 = full), softcap c (0 = off), prefix mode.
+  const float* sinks;
+  int32_t window;
+  float softcap;
+  bool prefix;
   // Outputs.
   void* out;
   int64_t out_stride;  // elements between output tokens (Hq * D: dense)
@@ -158,8 +164,9 @@ __device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, int chu
     if (reporter) ReportAttentionError(P, b, kErrSeqLen, w->N);
     return false;
   }
-  // N == 0 is a padding slot: no keys, so its rows get zeros and lse -inf.
-  if (w->nq > w->N && w->N > 0) {
+  // N == 0 is a padding slot: no keys, so its rows get zeros and lse -inf. In prefix mode the
+  // queries follow the cache instead of being its last tokens.
+  if (!P.prefix && w->nq > w->N && w->N > 0) {
     if (reporter) ReportAttentionError(P, b, kErrQueryLen, w->nq);
     return false;
   }
@@ -168,17 +175,24 @@ __device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, int chu
 }
 
 // Row r of the chunk: its global output row (token * Hq + head; -1 for padding rows)
-// and the keys it may see (causal, aligned to the sequence end; 0 for padding rows).
+// and the keys it may see, [lo, limit) (docs/FORMAT.md section 9.1: causal, aligned to the
+// sequence end, or after it in prefix mode; a sliding window raises lo; 0 for padding rows).
 __device__ __forceinline__ void SetRow(const AttnParams& P, const WorkItem& w, int r, int* qrow,
-                                       int* limit) {
+                                       int* limit, int* lo = nullptr) {
+  int first = 0;
   if (r < w.nrows) {
     const int row = w.row0 + r, i = row / P.group, g = row % P.group;
     qrow[r] = (w.q0 + i) * P.Hq + w.h * P.group + g;
-    limit[r] = w.N - w.nq + i + 1;
+    // In 64 bits: N + i may pass INT32_MAX in prefix mode.
+    const int64_t pos = P.prefix ? int64_t{w.N} + i : int64_t{w.N} - w.nq + i;
+    limit[r] = P.prefix ? w.N : static_cast<int>(pos + 1);
+    if (P.window > 0) first = static_cast<int>(min(pos - P.window + 1, int64_t{w.N}));
+    first = max(first, 0);
   } else {
     qrow[r] = -1;
     limit[r] = 0;
   }
+  if (lo != nullptr) lo[r] = first;
 }
 
 // Element (global row `row` = token * Hq + head, channel d) of q or out, whose tokens are

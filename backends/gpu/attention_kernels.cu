@@ -46,13 +46,14 @@ struct Smem {
   float* alpha;  // [kRows]
   float* qz;     // [kRows]
   float* pz;     // [kRows]
-  int* limit;    // [kRows] keys visible to each row (causal); 0 for padding rows
+  int* limit;    // [kRows] keys visible to each row end before limit; 0 for padding rows
   int* qrow;     // [kRows] global output row (token * Hq + head), -1 for padding rows
+  int* lo;       // [kRows] and start at lo (a sliding window; else 0)
 };
 
 __host__ __device__ inline size_t SmemBytes(int D, int G) {
   return sizeof(float) * (3 * kRows * D + kRows * G + 3 * D + 3 * G + 5 * kRows) +
-         sizeof(int) * 2 * kRows;
+         sizeof(int) * 3 * kRows;
 }
 
 __device__ Smem CarveSmem(unsigned char* raw, int D, int G) {
@@ -90,6 +91,7 @@ __device__ Smem CarveSmem(unsigned char* raw, int D, int G) {
   f += kRows;
   s.limit = reinterpret_cast<int*>(f);
   s.qrow = s.limit + kRows;
+  s.lo = s.qrow + kRows;
   return s;
 }
 
@@ -109,7 +111,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
 
   // Rows: (query token i, head g) of this KV head; load, rotate and scale the queries.
   if (tid < kRows) {
-    SetRow(P, w, tid, S.qrow, S.limit);
+    SetRow(P, w, tid, S.qrow, S.limit, S.lo);
     S.m[tid] = -INFINITY;
     S.l[tid] = 0.f;
   }
@@ -118,8 +120,9 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
   LoadQueries(P, S.qrow, D, P.scale, S.q);
   __syncthreads();
 
-  const int t_begin = split * P.tiles_per_split;
-  const int t_end = min(tiles, t_begin + P.tiles_per_split);
+  // Tiles wholly before the first row's window (row 0 has the smallest lo) are never read.
+  const int t_begin = max(split * P.tiles_per_split, S.lo[0] / G);
+  const int t_end = min(tiles, split * P.tiles_per_split + P.tiles_per_split);
   const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
   const size_t page_elems = static_cast<size_t>(P.Hk) * G * D;
   const int warp = tid / kWarpSize, lane = tid % kWarpSize;
@@ -207,9 +210,14 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
           }
         }
       }
+      if (P.softcap > 0.f) {
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) s[r] = P.softcap * tanhf(s[r] / P.softcap);
+      }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
-        S.p[r * G + t] = key0 + t < S.limit[r] ? s[r] : -INFINITY;
+        const int key = key0 + t;
+        S.p[r * G + t] = key < S.limit[r] && key >= S.lo[r] ? s[r] : -INFINITY;
       }
     }
     __syncthreads();
@@ -295,10 +303,21 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
     }
     return;
   }
-  // One split: normalize, un-rotate, store.
+  // One split: fold in the sink logit (a denominator term with no value), normalize,
+  // un-rotate, store.
+  if (P.sinks != nullptr && tid < kRows && S.qrow[tid] >= 0) {
+    const float sink = P.sinks[S.qrow[tid] % P.Hq];
+    const float m_new = fmaxf(S.m[tid], sink);
+    const float alpha = S.m[tid] == -INFINITY ? 0.f : __expf(S.m[tid] - m_new);
+    S.alpha[tid] = alpha;
+    S.l[tid] = S.l[tid] * alpha + __expf(sink - m_new);
+    S.m[tid] = m_new;
+  }
+  __syncthreads();
   for (int idx = tid; idx < kRows * D; idx += kThreads) {
     const int r = idx / D;
-    S.acc[idx] = S.l[r] > 0.f ? S.acc[idx] / S.l[r] : 0.f;
+    const float a = P.sinks != nullptr && S.qrow[r] >= 0 ? S.alpha[r] : 1.f;
+    S.acc[idx] = S.l[r] > 0.f ? S.acc[idx] * a / S.l[r] : 0.f;
   }
   if (P.v_rotate) BlockFwht(S.acc, kRows, D, P.log2D);
   __syncthreads();
@@ -352,10 +371,13 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(AttnParams P, int rows_t
   const float* ml = P.part_ml + static_cast<size_t>(row) * splits * 2;
   const float m = s < splits ? ml[2 * s] : -INFINITY;
   const float l = s < splits ? ml[2 * s + 1] : 0.f;
-  const float M = BlockReduce<true>(m, scratch);
+  // A sink logit joins the max and the denominator with no value.
+  const float sink = P.sinks != nullptr ? P.sinks[row % P.Hq] : -INFINITY;
+  const float M = fmaxf(BlockReduce<true>(m, scratch), sink);
   const float w = m == -INFINITY ? 0.f : __expf(m - M);
   if (s < splits) w_s[s] = w;
-  const float L = BlockReduce<false>(l * w, scratch);  // also orders the w_s stores
+  const float L = BlockReduce<false>(l * w, scratch) +  // also orders the w_s stores
+                  (sink == -INFINITY ? 0.f : __expf(sink - M));
   if (P.lse && s == 0) P.lse[row] = M + logf(L);
   const float* part = P.part_acc + static_cast<size_t>(row) * splits * D;
   for (int d = threadIdx.x; d < D; d += blockDim.x) {
@@ -439,8 +461,8 @@ int WholeWaveSplits(int64_t resident, int per_iteration, int64_t items, int max_
 // Splits for the decode kernels: the tensor-core kernel consumes MmaRecordsPerIteration records
 // per CTA iteration; the general kernel keeps its rule: enough work items to fill the device
 // twice over, at least 4 tiles per split.
-int ChooseSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles) {
-  if (!MmaShape(st, cfg)) {
+int ChooseSplits(CudaState* st, const Config& cfg, int64_t items, int max_tiles, bool general) {
+  if (general || !MmaShape(st, cfg)) {
     const int cap = std::min(64, max_tiles);
     const int64_t want =
         (2 * static_cast<int64_t>(st->sm_count) + items - 1) / std::max<int64_t>(items, 1);
@@ -464,8 +486,10 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
   const int group = args.num_q_heads / num_kv_heads;
   Plan p;
   const int max_rows = max_q * group;
+  // The model variants run on the general kernel only (for now).
+  const bool general = ForcedGeneric() || args.has_variant();
   p.decode_chunks_per_seq = std::max(1, (max_rows + kRows - 1) / kRows);
-  p.extend = extend && ExtendShape(State(ctx), cfg, max_rows);
+  p.extend = extend && !general && ExtendShape(State(ctx), cfg, max_rows);
   p.chunks_per_seq =
       p.extend ? (max_rows + kExtendCtaRows - 1) / kExtendCtaRows : p.decode_chunks_per_seq;
   const int max_tiles = std::max(1, max_blocks);
@@ -473,7 +497,7 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
   int splits = std::min({args.num_splits, max_tiles, 64});
   if (args.num_splits <= 0) {
     splits = p.extend ? ChooseExtendSplits(State(ctx), cfg, items, max_tiles)
-                      : ChooseSplits(State(ctx), cfg, items, max_tiles);
+                      : ChooseSplits(State(ctx), cfg, items, max_tiles, general);
   }
   p.tiles_per_split = (max_tiles + splits - 1) / splits;
   p.splits = (max_tiles + p.tiles_per_split - 1) / p.tiles_per_split;
@@ -483,7 +507,7 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
     p.acc_bytes = Align256(p.rows_total * p.splits * cfg.D * sizeof(float));
   }
   p.workspace = p.ml_bytes + p.acc_bytes;
-  p.needs_aligned_pool = MmaShape(State(ctx), cfg) && !ForcedGeneric();
+  p.needs_aligned_pool = MmaShape(State(ctx), cfg) && !general;
   p.kernel = !p.needs_aligned_pool ? "cuda-general"
              : p.extend            ? "cuda-tensor-core-extend"
                                    : "cuda-tensor-core-decode";
@@ -704,6 +728,10 @@ AttnParams MakeParams(CudaState* st, const Config& cfg, const PagedKV& kv,
   P.Hq = args.num_q_heads;
   P.group = args.num_q_heads / kv.num_kv_heads;
   P.scale = args.scale;
+  P.sinks = args.sinks;
+  P.window = args.sliding_window;
+  P.softcap = args.logit_softcap;
+  P.prefix = args.prefix;
   P.out = out;
   P.out_stride = args.out_row_stride;
   P.out_dtype = args.out_dtype;
@@ -724,8 +752,10 @@ AttnParams MakeParams(CudaState* st, const Config& cfg, const PagedKV& kv,
 // Every work item of a valid row writes its split's partial, an empty split as m = -inf.
 Status LaunchAttention(CudaState* st, const Config& cfg, const PagedKV& kv, const Plan& plan,
                        AttnParams& P) {
-  // Every kernel addresses q and out rows by their strides (RowElement).
-  const bool mma = UseMmaKernel(st, cfg, kv);
+  // Every kernel addresses q and out rows by their strides (RowElement). The variants run on
+  // the general kernel only.
+  const bool variants = P.sinks != nullptr || P.window > 0 || P.softcap > 0.f || P.prefix;
+  const bool mma = !variants && UseMmaKernel(st, cfg, kv);
   P.chunks_per_seq = plan.extend && mma ? plan.chunks_per_seq : plan.decode_chunks_per_seq;
   const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * P.chunks_per_seq);
   if (plan.extend && mma) {
