@@ -463,8 +463,9 @@ KVARN_API kvarn_status_t kvarn_paged_attention_workspace_size(
  * the output un-rotated when V is; fp32 online softmax. A sequence with seq_lens[b] == 0 is a
  * padding slot: its output rows are zeros and its lse -inf (the sink logit with params->sinks).
  * The model variants (sinks, sliding_window, logit_softcap, KVARN_ATTENTION_PREFIX; section 9.1)
- * run on the CPU backend; GPU contexts refuse them with KVARN_ERR_UNSUPPORTED until their
- * kernels land (this call, its workspace query and kvarn_attention_plan_create).
+ * run on the CPU backend; GPU contexts refuse them with KVARN_ERR_UNSUPPORTED until their GPU
+ * path has been validated on a device (this call, its workspace query and
+ * kvarn_attention_plan_create).
  * q:   [total_q_tokens][Hq][D] of params->q_dtype, unrotated; total_q_tokens = batch for decode,
  *      q_indptr[batch] for extend.
  * out: [total_q_tokens][Hq][D] of params->out_dtype.
