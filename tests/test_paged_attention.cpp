@@ -119,7 +119,7 @@ std::vector<AttnCase> Cases() {
   // Every preset and head dim, decode and extend, ragged with odd lengths.
   for (const char* preset :
        {"k4v2_g128", "k4v2_g64", "k4v4_g128", "k4v4_g64", "k2v2_g128", "k8v8_g128"}) {
-    for (int D : {64, 128, 256, 512}) {
+    for (int D : {64, 80, 96, 128, 256, 512}) {
       AttnCase c;
       c.preset = preset;
       c.D = D;

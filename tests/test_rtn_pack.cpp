@@ -300,7 +300,7 @@ TEST_P(CraftedTile, QuantizeWritesTheExpectedBytes) {
 
 INSTANTIATE_TEST_SUITE_P(BitsAndShapes, CraftedTile,
                          ::testing::Combine(::testing::Values(2, 4, 8),
-                                            ::testing::Values(64, 128, 256, 512),
+                                            ::testing::Values(64, 80, 96, 128, 256, 512),
                                             ::testing::Values(64, 128)),
                          [](const auto& p) {
                            return "b" + std::to_string(std::get<0>(p.param)) + "_D" +
