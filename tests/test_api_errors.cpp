@@ -461,7 +461,7 @@ TEST_F(CodecErrors, QuantizeRejectsBadArguments) {
   bad.size = 0;
   ExpectQuantizeFails(&bad, 1, KVARN_DTYPE_F32, k_.data(), v_.data(), 0, r, rb_,
                       KVARN_ERR_INVALID_ARGUMENT, "size", c);
-  bad = MakeConfig(80, 64, 4, 2);
+  bad = MakeConfig(72, 64, 4, 2);
   ExpectQuantizeFails(&bad, 1, KVARN_DTYPE_F32, k_.data(), v_.data(), 0, r, rb_,
                       KVARN_ERR_UNSUPPORTED, "head_dim", c);
   bad = MakeConfig(64, 32, 4, 2);

@@ -145,6 +145,33 @@ std::vector<AttnCase> Cases() {
       v.push_back(c);
     }
   }
+  // Head dims 80 and 96 at GQA 1, and Phi-3-mini's attention: D 96, 32 KV heads, MHA 32/32.
+  for (int D : {80, 96}) {
+    for (int gqa : {1, 4}) {
+      AttnCase c;
+      c.D = D;
+      c.gqa = gqa;
+      c.lens = {1, 127, 129, 700};
+      c.name = "D" + std::to_string(D) + "_gqa" + std::to_string(gqa) + "_decode";
+      v.push_back(c);
+      c.q_lens = {1, 9, 64, 33};
+      c.name = "D" + std::to_string(D) + "_gqa" + std::to_string(gqa) + "_extend";
+      v.push_back(c);
+    }
+  }
+  for (const char* preset : {"k4v2_g128", "k4v4_g64"}) {
+    AttnCase c;
+    c.preset = preset;
+    c.D = 96;
+    c.Hk = 32;
+    c.gqa = 1;
+    c.lens = {300, 1, 517};
+    c.name = std::string("phi3_D96_mha32_") + preset + "_decode";
+    v.push_back(c);
+    c.q_lens = {7, 1, 130};
+    c.name = std::string("phi3_D96_mha32_") + preset + "_extend";
+    v.push_back(c);
+  }
   {
     AttnCase c;  // GQA 7 with one KV head, odd head count
     c.Hk = 3;

@@ -110,8 +110,8 @@ void RoundTrip(kvarn_context_t* ctx, const char* preset, int D, const Data& in, 
     }
     if (kvarn_quantize(ctx, &cfg, tiles, KVARN_DTYPE_F32, kh.data(), vh.data(),
                        KVARN_CODEC_CACHE_FRAME, rec.data(), rb) != KVARN_OK ||
-        kvarn_dequantize(ctx, &cfg, tiles, rec.data(), rb, KVARN_CODEC_CACHE_FRAME,
-                         KVARN_DTYPE_F32, k.data(), v.data()) != KVARN_OK) {
+        kvarn_dequantize(ctx, &cfg, tiles, rec.data(), rb, KVARN_CODEC_CACHE_FRAME, KVARN_DTYPE_F32,
+                         k.data(), v.data()) != KVARN_OK) {
       std::fprintf(stderr, "%s\n", kvarn_last_error());
       std::exit(1);
     }
@@ -151,8 +151,7 @@ int main(int argc, char** argv) {
     for (const char* preset : {"k4v2_g128", "k2v2_g128", "k4v4_g128"}) {
       std::mt19937_64 rng(seed * 1000 + D);
       const Data in = MakeData(rng, tiles, 128, D);
-      const char* names[] = {"Paley x Sylvester (libkvarn)", "block-diagonal Sylvester",
-                             "none"};
+      const char* names[] = {"Paley x Sylvester (libkvarn)", "block-diagonal Sylvester", "none"};
       for (int r = 0; r < 3; ++r) {
         double ke = 0, ve = 0;
         RoundTrip(ctx, preset, D, in, static_cast<Rotation>(r), &ke, &ve);
