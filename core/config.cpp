@@ -15,7 +15,9 @@ const char* const kPresets[] = {"k4v2_g128", "k4v2_g64",  "k4v4_g128",
                                 "k4v4_g64",  "k2v2_g128", "k8v8_g128"};
 
 bool IsBits(int b) { return b == 2 || b == 4 || b == 8; }
-bool IsHeadDim(int d) { return d == 64 || d == 128 || d == 256 || d == 512; }
+// 80 and 96 (Phi-3, StableLM) rotate by a Paley x Sylvester Kronecker product (docs/FORMAT.md
+// section 3); the rest by the Sylvester matrix.
+bool IsHeadDim(int d) { return d == 64 || d == 80 || d == 96 || d == 128 || d == 256 || d == 512; }
 bool IsTile(int g) { return g == 64 || g == 128; }
 
 }  // namespace
@@ -23,7 +25,7 @@ bool IsTile(int g) { return g == 64 || g == 128; }
 Status CheckHeadDim(int32_t head_dim) {
   if (IsHeadDim(head_dim)) return Status::Ok();
   return Unsupported("head_dim " + std::to_string(head_dim) +
-                     " unsupported: must be one of 64, 128, 256, 512");
+                     " unsupported: must be one of 64, 80, 96, 128, 256, 512");
 }
 
 RecordLayout ComputeLayout(int D, int G, int key_bits, int value_bits) {

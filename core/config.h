@@ -36,8 +36,8 @@ struct Config {
   size_t record_bytes() const { return layout.total; }
 };
 
-// KVARN_ERR_UNSUPPORTED unless head_dim is one of the supported sizes (64, 128, 256, 512); the
-// message names the allowed set.
+// KVARN_ERR_UNSUPPORTED unless head_dim is one of the supported sizes (64, 80, 96, 128, 256, 512);
+// the message names the allowed set.
 Status CheckHeadDim(int32_t head_dim);
 
 // Checks the public struct (size field, every value supported) and derives a Config.

@@ -53,8 +53,8 @@ TEST(StatusString, KnownValuesAreDistinct) {
 
 TEST(LastError, ClearedOnSuccess) {
   ASSERT_NE(kvarn_last_error(), nullptr);
-  kvarn_config_t c = MakeConfig(96, 128, 4, 2);
-  EXPECT_TRUE(IsError(kvarn_config_validate(&c), KVARN_ERR_UNSUPPORTED, "96"));
+  kvarn_config_t c = MakeConfig(100, 128, 4, 2);
+  EXPECT_TRUE(IsError(kvarn_config_validate(&c), KVARN_ERR_UNSUPPORTED, "100"));
   c = MakeConfig(128, 128, 4, 2);
   EXPECT_EQ(kvarn_config_validate(&c), KVARN_OK);
   ASSERT_NE(kvarn_last_error(), nullptr);
@@ -354,15 +354,20 @@ TEST(ConfigErrors, RecordQueriesRejectBadConfigsAndFields) {
   EXPECT_EQ(off, 99u);
 }
 
-// Messages for a value outside a set name the whole set (96 lies between supported sizes).
+// Messages for a value outside a set name the whole set (72 and 100 lie between supported sizes,
+// neighbours of 80 and 96).
 TEST(ConfigErrors, MessagesListTheAllowedValues) {
   kvarn_config_t c;
   size_t n = 0;
-  EXPECT_EQ(kvarn_config_from_preset("k4v2_g128", 96, &c), KVARN_ERR_UNSUPPORTED);
-  EXPECT_STREQ(kvarn_last_error(), "head_dim 96 unsupported: must be one of 64, 128, 256, 512");
-  c = MakeConfig(96, 128, 4, 2);
-  EXPECT_EQ(kvarn_record_bytes(&c, &n), KVARN_ERR_UNSUPPORTED);
-  EXPECT_STREQ(kvarn_last_error(), "head_dim 96 unsupported: must be one of 64, 128, 256, 512");
+  for (int D : {72, 100, 88, 160, 48}) {
+    EXPECT_EQ(kvarn_config_from_preset("k4v2_g128", D, &c), KVARN_ERR_UNSUPPORTED);
+    EXPECT_EQ(kvarn_last_error(), "head_dim " + std::to_string(D) +
+                                      " unsupported: must be one of 64, 80, 96, 128, 256, 512");
+    c = MakeConfig(D, 128, 4, 2);
+    EXPECT_EQ(kvarn_record_bytes(&c, &n), KVARN_ERR_UNSUPPORTED);
+    EXPECT_EQ(kvarn_last_error(), "head_dim " + std::to_string(D) +
+                                      " unsupported: must be one of 64, 80, 96, 128, 256, 512");
+  }
   c = MakeConfig(128, 96, 4, 2);
   EXPECT_EQ(kvarn_record_bytes(&c, &n), KVARN_ERR_UNSUPPORTED);
   EXPECT_STREQ(kvarn_last_error(), "tile_tokens 96 unsupported: must be one of 64, 128");
@@ -415,7 +420,7 @@ TEST_F(CodecErrors, RotateRejectsBadArguments) {
   EXPECT_TRUE(
       IsError(kvarn_rotate(nullptr, 64, 2, KVARN_DTYPE_F32, in.data(), KVARN_DTYPE_F32, out.data()),
               KVARN_ERR_INVALID_ARGUMENT, "context"));
-  for (int D : {0, 32, 96, 1024, -64}) {
+  for (int D : {0, 32, 72, 100, 1024, -64}) {
     EXPECT_TRUE(IsError(
         kvarn_rotate(ctx_.get(), D, 2, KVARN_DTYPE_F32, in.data(), KVARN_DTYPE_F32, out.data()),
         KVARN_ERR_UNSUPPORTED, "head_dim"))
@@ -456,7 +461,7 @@ TEST_F(CodecErrors, QuantizeRejectsBadArguments) {
   bad.size = 0;
   ExpectQuantizeFails(&bad, 1, KVARN_DTYPE_F32, k_.data(), v_.data(), 0, r, rb_,
                       KVARN_ERR_INVALID_ARGUMENT, "size", c);
-  bad = MakeConfig(80, 64, 4, 2);
+  bad = MakeConfig(72, 64, 4, 2);
   ExpectQuantizeFails(&bad, 1, KVARN_DTYPE_F32, k_.data(), v_.data(), 0, r, rb_,
                       KVARN_ERR_UNSUPPORTED, "head_dim", c);
   bad = MakeConfig(64, 32, 4, 2);

@@ -80,7 +80,7 @@ std::vector<CodecParam> CodecParams() {
   std::vector<CodecParam> v;
   const kvarn_dtype_t dtypes[] = {KVARN_DTYPE_F32, KVARN_DTYPE_F16, KVARN_DTYPE_BF16};
   int i = 0;
-  for (int D : {64, 128, 256, 512}) {
+  for (int D : {64, 80, 96, 128, 256, 512}) {
     for (int G : {64, 128}) {
       for (int kb : {2, 4, 8}) {
         for (int vb : {2, 4, 8}) v.push_back({D, G, kb, vb, dtypes[i++ % 3]});
@@ -341,7 +341,7 @@ TEST_P(CodecPreset, DequantizeWithOneNullOutputWritesTheOther) {
 INSTANTIATE_TEST_SUITE_P(PresetsAndHeadDims, CodecPreset,
                          ::testing::Combine(::testing::Values("k4v2_g128", "k4v2_g64", "k4v4_g128",
                                                               "k4v4_g64", "k2v2_g128", "k8v8_g128"),
-                                            ::testing::Values(64, 128, 256, 512)),
+                                            ::testing::Values(64, 80, 96, 128, 256, 512)),
                          [](const auto& p) {
                            return std::get<0>(p.param) + "_D" +
                                   std::to_string(std::get<1>(p.param));
@@ -503,7 +503,7 @@ TEST_P(Ablation, ZeroIterationsEqualsNoNormalization) {
   EXPECT_EQ(a, b);
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, Ablation, ::testing::Values(64, 128, 256, 512),
+INSTANTIATE_TEST_SUITE_P(HeadDims, Ablation, ::testing::Values(64, 80, 96, 128, 256, 512),
                          [](const auto& p) { return "D" + std::to_string(p.param); });
 
 TEST(Normalization, ReducesTheErrorOnOutlierTokens) {

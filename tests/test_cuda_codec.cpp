@@ -880,4 +880,109 @@ TEST(CudaErrors, FlushBadPagesWriteNothing) {
   KVT_EXPECT_OK(kvarn_context_synchronize(gpu.get()));
 }
 
+// Head dims 80 and 96 have CPU kernels only (docs/FORMAT.md section 3): every GPU entry point
+// (codec, append, flush, attention, plan, run, managed cache) refuses them with
+// KVARN_ERR_UNSUPPORTED and a message naming the head dim, and writes nothing.
+TEST(CudaErrors, HeadDims80And96AreRefusedByEveryEntryPoint) {
+  KVT_CUDA_CONTEXT_OR_SKIP(gpu);
+  KVT_SEEDED_RNG(rng, 0);
+  for (int D : {80, 96}) {
+    SCOPED_TRACE(::testing::Message() << "D" << D);
+    const std::string needle = "head_dim " + std::to_string(D);
+    const char* n = needle.c_str();
+    const kvarn_config_t cfg = MakeConfig(D, 64, 4, 2);
+    const size_t rb = kvt::RecordBytes(cfg);
+    const Inputs in = MakeInputs(rng, 2, 64, D, KVARN_DTYPE_F32);
+    DeviceBuffer dk(gpu.get(), in.kb), dv(gpu.get(), in.vb);
+    const std::vector<uint8_t> rec0(2 * rb, 0xA5);
+    DeviceBuffer rec(gpu.get(), rec0);
+    EXPECT_TRUE(IsError(
+        kvarn_rotate(gpu.get(), D, 128, KVARN_DTYPE_F32, dk.get(), KVARN_DTYPE_F32, dv.get()),
+        KVARN_ERR_UNSUPPORTED, n));
+    EXPECT_TRUE(IsError(
+        kvarn_quantize(gpu.get(), &cfg, 2, KVARN_DTYPE_F32, dk.get(), dv.get(), 0, rec.get(), rb),
+        KVARN_ERR_UNSUPPORTED, n));
+    EXPECT_TRUE(IsError(
+        kvarn_dequantize(gpu.get(), &cfg, 2, rec.get(), rb, 0, KVARN_DTYPE_F32, dk.get(), dv.get()),
+        KVARN_ERR_UNSUPPORTED, n));
+    EXPECT_EQ(rec.Download<uint8_t>(), rec0);
+    EXPECT_EQ(dk.Download<uint8_t>(), in.kb);
+    EXPECT_EQ(dv.Download<uint8_t>(), in.vb);
+
+    DeviceSmallCache s(gpu.get(), cfg, 1, 1, 2, 4, 1);
+    s.c.block_table = {0, 1};
+    kvarn_paged_kv_t kv = s.View();
+    const std::vector<int32_t> indptr = {0, 8}, src = {0}, dst = {0};
+    EXPECT_TRUE(IsError(kvarn_paged_append(gpu.get(), &cfg, &kv, indptr.data(), KVARN_DTYPE_F32,
+                                           dk.get(), dv.get()),
+                        KVARN_ERR_UNSUPPORTED, n));
+    EXPECT_TRUE(IsError(kvarn_paged_flush(gpu.get(), &cfg, &kv, 1, src.data(), dst.data()),
+                        KVARN_ERR_UNSUPPORTED, n));
+    kvarn_attention_params_t p;
+    kvarn_attention_params_defaults(&p);
+    p.num_q_heads = 1;
+    size_t ws = 0;
+    EXPECT_TRUE(IsError(kvarn_paged_attention_workspace_size(gpu.get(), &cfg, &kv, &p, 1, &ws),
+                        KVARN_ERR_UNSUPPORTED, n));
+    DeviceBuffer dq(gpu.get(), kvt::MakeTokens(rng, 1, D, kvt::KVShape{}));
+    DeviceBuffer dout(gpu.get(), std::vector<float>(D, 7.f));
+    EXPECT_TRUE(IsError(
+        kvarn_paged_attention(gpu.get(), &cfg, &kv, &p, dq.get(), dout.get(), nullptr, nullptr, 0),
+        KVARN_ERR_UNSUPPORTED, n));
+    EXPECT_EQ(dout.Download<float>(), std::vector<float>(D, 7.f));
+    kvarn_attention_shape_t shape;
+    kvarn_attention_shape_defaults(&shape);
+    shape.batch = 1;
+    shape.num_kv_heads = 1;
+    shape.max_blocks_per_seq = 2;
+    kvarn_attention_plan_t* plan = nullptr;
+    EXPECT_TRUE(IsError(kvarn_attention_plan_create(gpu.get(), &cfg, &shape, &p, &plan),
+                        KVARN_ERR_UNSUPPORTED, n));
+    EXPECT_EQ(plan, nullptr);
+    kvarn_attention_plan_destroy(plan);
+
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    DeviceBuffer d_indptr(gpu.get(), indptr);
+    DeviceBuffer d_slots(gpu.get(), std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7});
+    EXPECT_TRUE(IsError(kvarn_paged_append_run(gpu.get(), &cfg, &kv, &launch,
+                                               static_cast<const int32_t*>(d_indptr.get()),
+                                               static_cast<const int32_t*>(d_slots.get()), 8,
+                                               KVARN_DTYPE_F32, dk.get(), dv.get()),
+                        KVARN_ERR_UNSUPPORTED, n));
+    size_t flush_ws = 0;
+    KVT_ASSERT_OK(kvarn_paged_flush_workspace_size(&cfg, 1, 1, &flush_ws));
+    DeviceBuffer d_ws(gpu.get(), flush_ws > 0 ? flush_ws : 16);
+    launch.workspace = d_ws.get();
+    launch.workspace_bytes = d_ws.bytes();
+    DeviceBuffer d_count(gpu.get(), std::vector<int32_t>{1});
+    DeviceBuffer d_src(gpu.get(), src), d_dst(gpu.get(), dst);
+    EXPECT_TRUE(IsError(kvarn_paged_flush_run(gpu.get(), &cfg, &kv, &launch, 1,
+                                              static_cast<const int32_t*>(d_count.get()),
+                                              static_cast<const int32_t*>(d_src.get()),
+                                              static_cast<const int32_t*>(d_dst.get()), nullptr),
+                        KVARN_ERR_UNSUPPORTED, n));
+    KVT_EXPECT_OK(kvarn_context_synchronize(gpu.get()));
+    EXPECT_EQ(s.kp->Download<uint16_t>(), s.c.k_pages);
+    EXPECT_EQ(s.rec->Download<uint8_t>(), s.c.records);
+
+    // The managed cache: its first append reaches the backend and is refused.
+    kvarn_cache_options_t o;
+    kvarn_cache_options_defaults(&o);
+    o.config = cfg;
+    o.num_kv_heads = 1;
+    kvarn_cache_t* cache = nullptr;
+    const kvarn_status_t created = kvarn_cache_create(gpu.get(), &o, &cache);
+    if (created == KVARN_OK) {
+      KVT_EXPECT_OK(kvarn_cache_add_sequence(cache, 1));
+      EXPECT_TRUE(
+          IsError(kvarn_cache_append(cache, 1, 0, 8, KVARN_DTYPE_F32, dk.get(), dv.get(), 0),
+                  KVARN_ERR_UNSUPPORTED, n));
+      kvarn_cache_destroy(cache);
+    } else {
+      EXPECT_TRUE(IsError(created, KVARN_ERR_UNSUPPORTED, n));
+    }
+  }
+}
+
 }  // namespace

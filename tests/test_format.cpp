@@ -34,7 +34,7 @@ std::string LayoutName(const ::testing::TestParamInfo<LayoutParam>& p) {
 
 std::vector<LayoutParam> AllShapes() {
   std::vector<LayoutParam> v;
-  for (int D : {64, 128, 256, 512}) {
+  for (int D : {64, 80, 96, 128, 256, 512}) {
     for (int G : {64, 128}) {
       for (int kb : {2, 4, 8}) {
         for (int vb : {2, 4, 8}) v.push_back({D, G, kb, vb});
@@ -143,7 +143,7 @@ TEST(Presets, EveryPresetParsesToItsBitsAndTile) {
     const std::string name = kvarn_preset_name(i);
     int kb = 0, vb = 0, g = 0;
     ASSERT_EQ(std::sscanf(name.c_str(), "k%dv%d_g%d", &kb, &vb, &g), 3);
-    for (int D : {64, 128, 256, 512}) {
+    for (int D : {64, 80, 96, 128, 256, 512}) {
       kvarn_config_t c;
       std::memset(&c, 0x5a, sizeof c);
       KVT_ASSERT_OK(kvarn_config_from_preset(name.c_str(), D, &c));
@@ -200,7 +200,7 @@ TEST(Presets, MalformedNamesAreRejected) {
 }
 
 TEST(Presets, UnsupportedHeadDimIsRejected) {
-  for (int D : {0, -128, 32, 96, 100, 192, 1024, 4096}) {
+  for (int D : {0, -128, 32, 72, 100, 192, 1024, 4096}) {
     kvarn_config_t c;
     std::memset(&c, 0x5a, sizeof c);
     kvarn_config_t before = c;
@@ -246,7 +246,7 @@ TEST(Config, ValidateAcceptsEverySupportedValue) {
 
 TEST(Config, ValidateRejectsUnsupportedShapes) {
   kvarn_config_t c = MakeConfig(128, 128, 4, 2);
-  for (int D : {0, 32, 96, 1024, -1}) {
+  for (int D : {0, 32, 72, 100, 1024, -1}) {
     c = MakeConfig(D, 128, 4, 2);
     EXPECT_TRUE(IsError(kvarn_config_validate(&c), KVARN_ERR_UNSUPPORTED, "head_dim")) << D;
   }

@@ -1,5 +1,6 @@
 // The Hadamard rotation (docs/FORMAT.md section 3): the fast transform of the CPU backend equals
-// the orthonormal Sylvester matrix, and kvarn_rotate applies it for every dtype pair and in place.
+// the documented orthonormal matrix (Sylvester; Paley x Sylvester for D 80 and 96), and
+// kvarn_rotate applies it for every dtype pair and in place.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,10 +30,10 @@ std::vector<float> TransformMatrix(int n) {
 
 class HadamardMatrix : public ::testing::TestWithParam<int> {};
 
-TEST_P(HadamardMatrix, EqualsScaledSylvesterMatrix) {
+TEST_P(HadamardMatrix, EqualsDocumentedMatrixEntryByEntry) {
   const int n = GetParam();
   const std::vector<float> h = TransformMatrix(n);
-  const std::vector<int> syl = kvt::SylvesterMatrix(n);
+  const std::vector<int> syl = kvt::RotationMatrix(n);
   const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(n)));
   for (size_t e = 0; e < h.size(); ++e) {
     ASSERT_EQ(h[e], syl[e] * s) << "entry (" << e / n << ", " << e % n << ")";
@@ -94,10 +95,75 @@ TEST_P(HadamardMatrix, PreservesNorms) {
   EXPECT_NEAR(std::sqrt(ny), std::sqrt(nx), 1e-6 * std::sqrt(nx));
 }
 
-INSTANTIATE_TEST_SUITE_P(HeadDims, HadamardMatrix, ::testing::Values(64, 128, 256, 512),
+INSTANTIATE_TEST_SUITE_P(HeadDims, HadamardMatrix, ::testing::Values(64, 80, 96, 128, 256, 512),
                          [](const auto& p) { return "D" + std::to_string(p.param); });
 INSTANTIATE_TEST_SUITE_P(SmallOrders, HadamardMatrix, ::testing::Values(1, 2, 4, 8, 16, 32),
                          [](const auto& p) { return "N" + std::to_string(p.param); });
+
+// The Paley factors as docs/FORMAT.md section 3 prints them (row i, '+' = +1, '-' = -1), copied
+// from the page: the test's construction and the library's must both reproduce them.
+const char* const kPaley12[] = {
+    "-+++++++++++", "+++-+++---+-", "++-+++---+-+", "+-+++---+-++", "++++---+-++-", "+++---+-++-+",
+    "++---+-++-++", "+---+-++-+++", "+--+-++-+++-", "+-+-++-+++--", "++-++-+++---", "+-++-+++---+",
+};
+const char* const kPaley20[] = {
+    "-+++++++++++++++++++", "+++--++++-+-+----++-", "++--++++-+-+----++-+", "+--++++-+-+----++-++",
+    "+-++++-+-+----++-++-", "+++++-+-+----++-++--", "++++-+-+----++-++--+", "+++-+-+----++-++--++",
+    "++-+-+----++-++--+++", "+-+-+----++-++--++++", "++-+----++-++--++++-", "+-+----++-++--++++-+",
+    "++----++-++--++++-+-", "+----++-++--++++-+-+", "+---++-++--++++-+-+-", "+--++-++--++++-+-+--",
+    "+-++-++--++++-+-+---", "+++-++--++++-+-+----", "++-++--++++-+-+----+", "+-++--++++-+-+----++",
+};
+
+TEST(HadamardPaley, FactorsMatchTheTablesOfTheFormatPage) {
+  for (int D : {80, 96}) {
+    const int m = D == 80 ? 20 : 12;
+    const char* const* table = D == 80 ? kPaley20 : kPaley12;
+    const std::vector<int> P = kvt::PaleyMatrix(m);
+    const kvarn::cpu::RotationFactors f = kvarn::cpu::RotationFactorsFor(D);
+    ASSERT_EQ(f.m, m);
+    ASSERT_EQ(f.p, D / m);
+    for (int i = 0; i < m; ++i) {
+      ASSERT_EQ(std::strlen(table[i]), static_cast<size_t>(m));
+      for (int j = 0; j < m; ++j) {
+        const int want = table[i][j] == '+' ? 1 : -1;
+        EXPECT_EQ(P[static_cast<size_t>(i) * m + j], want)
+            << "test P_" << m << " (" << i << ", " << j << ")";
+        EXPECT_EQ(f.paley[static_cast<size_t>(i) * m + j], want)
+            << "library P_" << m << " (" << i << ", " << j << ")";
+      }
+    }
+  }
+}
+
+TEST(HadamardPaley, FactorsAreSymmetricHadamardMatrices) {
+  // P P^T = m I and P = P^T: what makes H_D orthonormal and its own inverse.
+  for (int m : {12, 20}) {
+    const std::vector<int> P = kvt::PaleyMatrix(m);
+    for (int i = 0; i < m; ++i) {
+      for (int j = 0; j < m; ++j) {
+        int dot = 0;
+        for (int k = 0; k < m; ++k)
+          dot += P[static_cast<size_t>(i) * m + k] * P[static_cast<size_t>(j) * m + k];
+        EXPECT_EQ(dot, i == j ? m : 0) << "P_" << m << " rows " << i << ", " << j;
+        EXPECT_EQ(P[static_cast<size_t>(i) * m + j], P[static_cast<size_t>(j) * m + i]);
+      }
+    }
+  }
+}
+
+TEST(HadamardPaley, EveryOutputMixesEveryChannel) {
+  // The point of a full Hadamard (not block-diagonal): an outlier in any one channel spreads
+  // evenly over all D outputs.
+  for (int D : {80, 96}) {
+    for (int i = 0; i < D; ++i) {
+      std::vector<float> e(D, 0.f);
+      e[i] = 1.f;
+      kvarn::cpu::HadamardInPlace(e.data(), D);
+      const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
+      for (int j = 0; j < D; ++j) ASSERT_EQ(std::fabs(e[j]), s) << "D" << D << " channel " << i;
+    }
+  }
+}
 
 // ---- kvarn_rotate ---------------------------------------------------------------------------
 
@@ -116,7 +182,7 @@ const char* DtypeName(kvarn_dtype_t t) {
 
 std::vector<RotateParam> RotateParams() {
   std::vector<RotateParam> v;
-  for (int D : {64, 128, 256, 512}) {
+  for (int D : {64, 80, 96, 128, 256, 512}) {
     for (kvarn_dtype_t i : {KVARN_DTYPE_F32, KVARN_DTYPE_F16, KVARN_DTYPE_BF16}) {
       for (kvarn_dtype_t o : {KVARN_DTYPE_F32, KVARN_DTYPE_F16, KVARN_DTYPE_BF16}) {
         v.push_back({D, i, o});
@@ -142,8 +208,10 @@ void CheckRotation(const RotateParam& p, const std::vector<float>& x_in, const v
     norm = std::sqrt(norm);
     for (int d = 0; d < D; ++d) {
       const double g = got[r * D + d], e = exact[d];
-      // fp32 butterflies: error <= log2(D) * eps * ||x||; then one rounding to the out dtype.
-      const double fp32_err = 12 * 0x1p-24 * norm;
+      // fp32 butterflies: error <= log2(D) * eps * ||x||; for D = m * p (80, 96) the m - 1
+      // sequential adds of the Paley factor add about (m - 1) * eps * ||x|| (m = 20, 12); then one
+      // rounding to the out dtype.
+      const double fp32_err = (D == 80 ? 24 : D == 96 ? 16 : 12) * 0x1p-24 * norm;
       const double ulp = p.out == KVARN_DTYPE_F16    ? kvt::HalfUlp(e)
                          : p.out == KVARN_DTYPE_BF16 ? kvt::Bf16Ulp(e)
                                                      : 0.0;
@@ -195,7 +263,7 @@ class RotateF32 : public ::testing::TestWithParam<RotateParam> {};
 TEST(RotateEdges, RotatingTwiceRestoresInput) {
   KVT_SEEDED_RNG(rng, 0);
   auto ctx = kvt::MakeCpuContext();
-  for (int D : {64, 128, 256, 512}) {
+  for (int D : {64, 80, 96, 128, 256, 512}) {
     const size_t rows = 64;
     const std::vector<float> x = kvt::MakeTokens(rng, rows, D, kvt::KVShape{});
     std::vector<float> y = x;
@@ -265,15 +333,15 @@ TEST(RotateEdges, ZeroRowsIsANoOp) {
       kvarn_rotate(ctx.get(), 128, 0, KVARN_DTYPE_F32, nullptr, KVARN_DTYPE_F32, nullptr));
 }
 
-TEST(RotateEdges, UnitVectorsGiveScaledSylvesterRows) {
+TEST(RotateEdges, UnitVectorsGiveScaledMatrixRows) {
   // The public call applies the same matrix (rows of H for unit vectors, exact in f32).
   auto ctx = kvt::MakeCpuContext();
-  for (int D : {64, 128, 256, 512}) {
+  for (int D : {64, 80, 96, 128, 256, 512}) {
     std::vector<float> eye(static_cast<size_t>(D) * D, 0.f);
     for (int i = 0; i < D; ++i) eye[static_cast<size_t>(i) * D + i] = 1.f;
     KVT_ASSERT_OK(
         kvarn_rotate(ctx.get(), D, D, KVARN_DTYPE_F32, eye.data(), KVARN_DTYPE_F32, eye.data()));
-    const std::vector<int> syl = kvt::SylvesterMatrix(D);
+    const std::vector<int> syl = kvt::RotationMatrix(D);
     const float s = static_cast<float>(1.0 / std::sqrt(static_cast<double>(D)));
     for (size_t e = 0; e < eye.size(); ++e) ASSERT_EQ(eye[e], syl[e] * s) << "D" << D << " " << e;
   }

@@ -563,7 +563,7 @@ TEST_F(CacheTest, BadArgumentsGiveStatusesAndChangeNothing) {
   o.num_layers = 0;
   EXPECT_EQ(kvarn_cache_create(ctx_.ctx, &o, &c), KVARN_ERR_INVALID_ARGUMENT);
   o = opts_;
-  o.config.head_dim = 96;
+  o.config.head_dim = 100;
   EXPECT_EQ(kvarn_cache_create(ctx_.ctx, &o, &c), KVARN_ERR_UNSUPPORTED);
   EXPECT_EQ(c, nullptr);
   // Unknown ids, layers, dtypes, flags, wrong struct sizes.

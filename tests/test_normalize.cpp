@@ -78,8 +78,8 @@ struct Shape {
   int R, C;
 };
 // K tiles are D x G, V tiles G x D (docs/FORMAT.md section 4).
-const Shape kShapes[] = {{128, 128}, {64, 128}, {128, 64}, {256, 128},
-                         {128, 256}, {512, 64}, {64, 512}, {64, 64}};
+const Shape kShapes[] = {{128, 128}, {64, 128}, {128, 64}, {256, 128}, {128, 256}, {512, 64},
+                         {64, 512},  {64, 64},  {80, 128}, {128, 80},  {96, 64},   {64, 96}};
 
 std::vector<float> Balanced(const std::vector<float>& M, int R, int C,
                             const std::vector<float>& s_r, const std::vector<float>& s_c) {

@@ -119,7 +119,7 @@ std::vector<AttnCase> Cases() {
   // Every preset and head dim, decode and extend, ragged with odd lengths.
   for (const char* preset :
        {"k4v2_g128", "k4v2_g64", "k4v4_g128", "k4v4_g64", "k2v2_g128", "k8v8_g128"}) {
-    for (int D : {64, 128, 256, 512}) {
+    for (int D : {64, 80, 96, 128, 256, 512}) {
       AttnCase c;
       c.preset = preset;
       c.D = D;
@@ -144,6 +144,33 @@ std::vector<AttnCase> Cases() {
       c.name = "gqa" + std::to_string(gqa) + "_sink" + std::to_string(sink) + "_extend";
       v.push_back(c);
     }
+  }
+  // Head dims 80 and 96 at GQA 1, and Phi-3-mini's attention: D 96, 32 KV heads, MHA 32/32.
+  for (int D : {80, 96}) {
+    for (int gqa : {1, 4}) {
+      AttnCase c;
+      c.D = D;
+      c.gqa = gqa;
+      c.lens = {1, 127, 129, 700};
+      c.name = "D" + std::to_string(D) + "_gqa" + std::to_string(gqa) + "_decode";
+      v.push_back(c);
+      c.q_lens = {1, 9, 64, 33};
+      c.name = "D" + std::to_string(D) + "_gqa" + std::to_string(gqa) + "_extend";
+      v.push_back(c);
+    }
+  }
+  for (const char* preset : {"k4v2_g128", "k4v4_g64"}) {
+    AttnCase c;
+    c.preset = preset;
+    c.D = 96;
+    c.Hk = 32;
+    c.gqa = 1;
+    c.lens = {300, 1, 517};
+    c.name = std::string("phi3_D96_mha32_") + preset + "_decode";
+    v.push_back(c);
+    c.q_lens = {7, 1, 130};
+    c.name = std::string("phi3_D96_mha32_") + preset + "_extend";
+    v.push_back(c);
   }
   {
     AttnCase c;  // GQA 7 with one KV head, odd head count

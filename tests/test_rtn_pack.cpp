@@ -220,10 +220,14 @@ TEST(Pack, RowsArePackedOneAfterAnother) {
   EXPECT_EQ(std::memcmp(out, want, 4), 0);
 }
 
+// R x C of the K (D x G) and V (G x D) code fields, D 80 and 96 included.
+const std::pair<int, int> kPackShapes[] = {{128, 128}, {64, 128}, {128, 64}, {512, 64}, {64, 512},
+                                           {80, 64},   {64, 80},  {96, 128}, {128, 96}};
+
 TEST(Pack, UnpackInvertsPackForEveryShape) {
   KVT_SEEDED_RNG(rng, 0);
   for (int bits : {2, 4, 8}) {
-    for (auto rc : {std::pair<int, int>{128, 128}, {64, 128}, {128, 64}, {512, 64}, {64, 512}}) {
+    for (auto rc : kPackShapes) {
       const int R = rc.first, C = rc.second;
       std::vector<uint8_t> codes(R * C), packed(R * C * bits / 8), back(R * C);
       for (uint8_t& c : codes) c = static_cast<uint8_t>(rng.Int(0, (1 << bits) - 1));
@@ -300,7 +304,7 @@ TEST_P(CraftedTile, QuantizeWritesTheExpectedBytes) {
 
 INSTANTIATE_TEST_SUITE_P(BitsAndShapes, CraftedTile,
                          ::testing::Combine(::testing::Values(2, 4, 8),
-                                            ::testing::Values(64, 128, 256, 512),
+                                            ::testing::Values(64, 80, 96, 128, 256, 512),
                                             ::testing::Values(64, 128)),
                          [](const auto& p) {
                            return "b" + std::to_string(std::get<0>(p.param)) + "_D" +

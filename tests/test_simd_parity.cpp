@@ -136,7 +136,7 @@ std::string QuantizeName(
 INSTANTIATE_TEST_SUITE_P(AllPresets, QuantizeParity,
                          ::testing::Combine(::testing::ValuesIn(kSimdIsas),
                                             ::testing::ValuesIn(kPresets),
-                                            ::testing::Values(64, 128, 256, 512)),
+                                            ::testing::Values(64, 80, 96, 128, 256, 512)),
                          QuantizeName);
 
 // ---- quantize: configurations and tiles that exercise the edges ---------------------------
@@ -163,6 +163,11 @@ TEST_P(SimdLevel, QuantizeMatchesScalarForIterationCountsBitWidthsAndAblations) 
       {256, 64, 2, 4, 32, 0, 0},
       {128, 128, 4, 2, 8, KVARN_ABLATE_NO_ROTATION, 0},
       {128, 128, 4, 2, 8, 0, KVARN_ABLATE_NO_NORMALIZATION},
+      // D = 80, 96: V rows of 20 / 24 bytes at 2 bits, a 16-column remainder of column blocks
+      {80, 128, 2, 4, 3, 0, 0},
+      {80, 64, 8, 2, 32, 0, 0},
+      {96, 64, 4, 8, 1, 0, 0},
+      {96, 128, 2, 2, 16, KVARN_ABLATE_NO_ROTATION, KVARN_ABLATE_NO_NORMALIZATION},
   };
   for (const Cfg& c : cfgs) {
     SCOPED_TRACE(::testing::Message() << "D" << c.D << " G" << c.G << " k" << c.kb << "v" << c.vb
@@ -274,7 +279,7 @@ TEST_P(SimdLevel, RotateAndDequantizeAreBitIdenticalToScalar) {
   ContextPtr scalar = IsaContext(KVARN_CPU_ISA_SCALAR, 2);
   KVT_SEEDED_RNG(rng, 0);
   const kvarn_dtype_t dts[] = {KVARN_DTYPE_F32, KVARN_DTYPE_F16, KVARN_DTYPE_BF16};
-  for (int D : {64, 128, 256, 512}) {
+  for (int D : {64, 80, 96, 128, 256, 512}) {
     const size_t rows = 37;
     const auto x = StructuredTiles(rng, 1, static_cast<int>(rows), D, true);
     for (kvarn_dtype_t in : dts) {
@@ -287,24 +292,26 @@ TEST_P(SimdLevel, RotateAndDequantizeAreBitIdenticalToScalar) {
       }
     }
   }
-  for (const char* preset : kPresets) {
-    const kvarn_config_t cfg = kvt::PresetConfig(preset, 128);
-    const size_t rb = kvt::RecordBytes(cfg);
-    const int G = cfg.tile_tokens;
-    const auto kb = kvt::Encode(StructuredTiles(rng, 2, G, 128, true), KVARN_DTYPE_F32);
-    const auto vb = kvt::Encode(StructuredTiles(rng, 2, G, 128, false), KVARN_DTYPE_F32);
-    const QuantizeOut rec = Quantize(scalar.get(), cfg, 2, KVARN_DTYPE_F32, kb, vb, 0, rb);
-    ASSERT_EQ(rec.status, KVARN_OK);
-    for (uint32_t flags : {0u, static_cast<uint32_t>(KVARN_CODEC_CACHE_FRAME)}) {
-      for (kvarn_dtype_t out : dts) {
-        const size_t n = 2 * static_cast<size_t>(G) * 128 * 4;
-        std::vector<uint8_t> ka(n), va(n), kb2(n), vb2(n);
-        KVT_ASSERT_OK(kvarn_dequantize(scalar.get(), &cfg, 2, rec.records.data(), rb, flags, out,
-                                       ka.data(), va.data()));
-        KVT_ASSERT_OK(kvarn_dequantize(simd.get(), &cfg, 2, rec.records.data(), rb, flags, out,
-                                       kb2.data(), vb2.data()));
-        EXPECT_EQ(ka, kb2) << preset << " flags " << flags << " out " << out;
-        EXPECT_EQ(va, vb2) << preset << " flags " << flags << " out " << out;
+  for (int D : {128, 80, 96}) {
+    for (const char* preset : kPresets) {
+      const kvarn_config_t cfg = kvt::PresetConfig(preset, D);
+      const size_t rb = kvt::RecordBytes(cfg);
+      const int G = cfg.tile_tokens;
+      const auto kb = kvt::Encode(StructuredTiles(rng, 2, G, D, true), KVARN_DTYPE_F32);
+      const auto vb = kvt::Encode(StructuredTiles(rng, 2, G, D, false), KVARN_DTYPE_F32);
+      const QuantizeOut rec = Quantize(scalar.get(), cfg, 2, KVARN_DTYPE_F32, kb, vb, 0, rb);
+      ASSERT_EQ(rec.status, KVARN_OK);
+      for (uint32_t flags : {0u, static_cast<uint32_t>(KVARN_CODEC_CACHE_FRAME)}) {
+        for (kvarn_dtype_t out : dts) {
+          const size_t n = 2 * static_cast<size_t>(G) * D * 4;
+          std::vector<uint8_t> ka(n), va(n), kb2(n), vb2(n);
+          KVT_ASSERT_OK(kvarn_dequantize(scalar.get(), &cfg, 2, rec.records.data(), rb, flags, out,
+                                         ka.data(), va.data()));
+          KVT_ASSERT_OK(kvarn_dequantize(simd.get(), &cfg, 2, rec.records.data(), rb, flags, out,
+                                         kb2.data(), vb2.data()));
+          EXPECT_EQ(ka, kb2) << preset << " D" << D << " flags " << flags << " out " << out;
+          EXPECT_EQ(va, vb2) << preset << " D" << D << " flags " << flags << " out " << out;
+        }
       }
     }
   }
@@ -389,7 +396,7 @@ std::vector<AttnParityCase> PagedCases() {
   for (kvarn_cpu_isa_t isa : kSimdIsas) {
     const std::string in = kvarn_cpu_isa_name(isa);
     for (const char* preset : kPresets) {
-      for (int D : {64, 128, 256, 512}) {
+      for (int D : {64, 80, 96, 128, 256, 512}) {
         const std::string base = in + "_" + preset + "_D" + std::to_string(D);
         v.push_back({base + "_decode", isa, preset, D, 2, 4, {129, 300, 1, 517}, {}});
         v.push_back({base + "_extend", isa, preset, D, 2, 4, {129, 300, 1, 517}, {1, 33, 1, 130}});
@@ -401,6 +408,10 @@ std::vector<AttnParityCase> PagedCases() {
       v.push_back(
           {base + "_extend", isa, "k4v2_g64", 128, 3, gqa, {1, 127, 640, 1001}, {1, 5, 64, 77}});
     }
+    // Phi-3-mini's attention: D 96, 32 KV heads, MHA (GQA 1).
+    v.push_back({in + "_phi3_D96_mha32_decode", isa, "k4v2_g128", 96, 32, 1, {300, 1, 517}, {}});
+    v.push_back(
+        {in + "_phi3_D96_mha32_extend", isa, "k4v2_g64", 96, 32, 1, {300, 1, 517}, {7, 1, 130}});
   }
   return v;
 }

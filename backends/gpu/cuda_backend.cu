@@ -266,12 +266,24 @@ Status Copy(Context* ctx, void* dst, const void* src, size_t bytes, CopyKind kin
   return Synchronize(ctx);
 }
 
+// Head dims 80 and 96 (docs/FORMAT.md section 3: the Paley x Sylvester rotation) have CPU kernels
+// only. Every entry point refuses them before any dispatch, so none reaches a kernel built for the
+// power-of-two transform.
+Status CheckHeadDimBuilt(const Context* ctx, int D) {
+  if (D == 64 || D == 128 || D == 256 || D == 512) return Status::Ok();
+  return Unsupported("head_dim " + std::to_string(D) + " is not supported on the " +
+                     ctx->ops->name +
+                     " backend yet: its GPU kernels are not built (GPU head dims: 64, 128, 256, "
+                     "512); use a CPU context for head_dim 80 and 96");
+}
+
 // The entry points of the table: the context's device current (the caller's restored after),
 // and every memory argument checked to be reachable from it.
 Status RotateOnDevice(Context* ctx, int D, size_t rows, kvarn_dtype_t in_dtype, const void* in,
                       kvarn_dtype_t out_dtype, void* out) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, D));
   KVARN_RETURN_IF_ERROR(CheckPointers(s, {{in, "in"}, {out, "out"}}));
   return Rotate(ctx, D, rows, in_dtype, in, out_dtype, out);
 }
@@ -281,6 +293,7 @@ Status QuantizeOnDevice(Context* ctx, const Config& cfg, size_t n_tiles, kvarn_d
                         size_t record_stride) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   KVARN_RETURN_IF_ERROR(CheckPointers(s, {{k, "k"}, {v, "v"}, {records, "records"}}));
   return Quantize(ctx, cfg, n_tiles, dtype, k, v, flags, records, record_stride);
 }
@@ -290,6 +303,7 @@ Status DequantizeOnDevice(Context* ctx, const Config& cfg, size_t n_tiles, const
                           void* v) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   KVARN_RETURN_IF_ERROR(CheckPointers(s, {{records, "records"}, {k, "k_out"}, {v, "v_out"}}));
   return Dequantize(ctx, cfg, n_tiles, records, record_stride, flags, out_dtype, k, v);
 }
@@ -299,6 +313,7 @@ Status PagedAppendOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
                            const void* v) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
   KVARN_RETURN_IF_ERROR(CheckPointers(s, {{k, "k"}, {v, "v"}}));
   return PagedAppend(ctx, cfg, kv, token_indptr, dtype, k, v);
@@ -308,6 +323,7 @@ Status PagedFlushOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv, si
                           const int32_t* src_pages, const int32_t* dst_blocks) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   // A flush reads pages and writes records; the tables are not used.
   KVARN_RETURN_IF_ERROR(CheckPointers(
       s, {{kv.records, "records"}, {kv.k_pages, "k_pages"}, {kv.v_pages, "v_pages"}}));
@@ -331,6 +347,7 @@ Status AttentionWorkspaceOnDevice(Context* ctx, const Config& cfg, const PagedKV
                                   const AttentionArgs& args, size_t total_q, size_t* bytes) {
   KVARN_RETURN_IF_ERROR(CheckNoVariants(args));
   DeviceGuard guard(State(ctx)->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   return AttentionWorkspace(ctx, cfg, kv, args, total_q, bytes);
 }
 
@@ -340,6 +357,7 @@ Status PagedAttentionOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv
   KVARN_RETURN_IF_ERROR(CheckNoVariants(args));
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
   KVARN_RETURN_IF_ERROR(
       CheckPointers(s, {{q, "q"}, {out, "out"}, {lse, "lse"}, {workspace, "workspace"}}));
@@ -352,6 +370,7 @@ Status AttentionPlanOnDevice(Context* ctx, const Config& cfg, const AttentionSha
                              const AttentionArgs& args, AttentionPlan* plan) {
   KVARN_RETURN_IF_ERROR(CheckNoVariants(args));
   DeviceGuard guard(State(ctx)->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   return AttentionPlanFor(ctx, cfg, shape, args, plan);
 }
 
@@ -361,6 +380,7 @@ Status PagedAppendRunOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv
                               const void* k, const void* v) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   KVARN_RETURN_IF_ERROR(CheckPointers(s, {{kv.k_pages, "k_pages"},
                                           {kv.v_pages, "v_pages"},
                                           {token_indptr, "token_indptr"},
@@ -378,6 +398,7 @@ Status PagedFlushRunOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
                              const int32_t* tile_seqs) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   KVARN_RETURN_IF_ERROR(CheckPointers(s, {{kv.records, "records"},
                                           {kv.k_pages, "k_pages"},
                                           {kv.v_pages, "v_pages"},
@@ -397,6 +418,7 @@ Status PagedAttentionRunOnDevice(Context* ctx, const Config& cfg, const PagedKV&
                                  const int32_t* q_indptr, const void* q, void* out, float* lse) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
   KVARN_RETURN_IF_ERROR(CheckPointers(s, {{q_indptr, "q_indptr"},
                                           {q, "q"},

@@ -49,10 +49,26 @@ def kv_tiles(rng: np.random.Generator, n_tiles: int, g: int, d: int) -> tuple:
     return k.astype(np.float32), v.astype(np.float32)
 
 
+def paley(m: int) -> np.ndarray:
+    """The symmetric Paley matrix of order m = q + 1 (q = 11, 19) of docs/FORMAT.md section 3."""
+    q = m - 1
+    squares = {0} | {(r * r) % q for r in range(1, q)}
+    i, j = np.meshgrid(np.arange(m), np.arange(m), indexing="ij")
+    p = np.where(np.isin((i + j - 2) % q, list(squares)), 1.0, -1.0)
+    p[0, :] = 1.0
+    p[:, 0] = 1.0
+    p[0, 0] = -1.0
+    return p
+
+
 def hadamard(d: int) -> np.ndarray:
+    """The rotation of docs/FORMAT.md section 3: Sylvester, or P_20 (x) S_4 (80), P_12 (x) S_8 (96)."""
+    m = {80: 20, 96: 12}.get(d, 1)
     h = np.ones((1, 1))
-    while h.shape[0] < d:
+    while h.shape[0] < d // m:
         h = np.block([[h, h], [h, -h]])
+    if m > 1:
+        h = np.kron(paley(m), h)
     return h / math.sqrt(d)
 
 

@@ -21,7 +21,7 @@ def rel_mse(x, y) -> float:
     return float(np.sum((x - np.asarray(y, np.float64)) ** 2) / np.sum(x**2))
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256, 512])
 def test_rotate_is_the_orthonormal_hadamard_and_its_own_inverse(ctx, rng, head_dim):
     x = rng.standard_normal((5, 3, head_dim)).astype(np.float32)
     y = ctx.rotate(x)

@@ -58,8 +58,8 @@ def test_library_statuses_reach_python_with_their_message(ctx, rng):
         c.rotate(ctx._handle, 64, 1, c.DTYPE_F32, None, c.DTYPE_F32, None)
     check(e, kvarn.InvalidArgumentError, kvarn.Status.INVALID_ARGUMENT, "NULL")
     with pytest.raises(kvarn.Error) as e:
-        kvarn.Config(head_dim=96).validate()
-    check(e, kvarn.UnsupportedError, kvarn.Status.UNSUPPORTED, "head_dim 96")
+        kvarn.Config(head_dim=100).validate()
+    check(e, kvarn.UnsupportedError, kvarn.Status.UNSUPPORTED, "head_dim 100")
     with pytest.raises(kvarn.Error) as e:
         c.memory_alloc(ctx._handle, 1 << 62)
     check(e, kvarn.OutOfMemoryError, kvarn.Status.OUT_OF_MEMORY, "allocate")

@@ -84,7 +84,7 @@ def test_config_defaults_come_from_the_library():
     assert hash(c) == hash(kvarn.Config.from_preset("k4v2_g128"))
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256, 512])
+@pytest.mark.parametrize("head_dim", [64, 80, 96, 128, 256, 512])
 def test_every_preset_has_the_record_layout_of_algorithm_md(head_dim):
     names = kvarn.presets()
     assert "k4v2_g128" in names and len(names) == kvarn.capi.preset_count()
@@ -114,7 +114,7 @@ def test_config_replace_and_field_errors():
         kvarn.Config.from_preset("k5v2_g128")
     assert info.value.status == kvarn.Status.NOT_FOUND and "k5v2_g128" in info.value.detail
     with pytest.raises(kvarn.UnsupportedError):
-        kvarn.Config(head_dim=96).validate()
+        kvarn.Config(head_dim=100).validate()
     with pytest.raises(kvarn.InvalidArgumentError):
         kvarn.Config(iterations=99).validate()
     with pytest.raises(kvarn.InvalidArgumentError):

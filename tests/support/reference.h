@@ -1,5 +1,6 @@
 // Test-side references written from docs/FORMAT.md alone (not from the library's sources): the
-// Sylvester Hadamard in double, a record decoder, and float64 attention.
+// Hadamard rotation (Sylvester, and Paley x Sylvester for D 80 and 96) in double, a record decoder,
+// and float64 attention.
 #pragma once
 
 #include <algorithm>
@@ -11,21 +12,6 @@
 #include "support/fp.h"
 
 namespace kvt {
-
-// x <- x H in double, H the orthonormal Sylvester Hadamard of order n (docs/FORMAT.md section 3).
-inline void HadamardDouble(double* x, int n) {
-  for (int h = 1; h < n; h *= 2) {
-    for (int i = 0; i < n; i += 2 * h) {
-      for (int j = i; j < i + h; ++j) {
-        const double a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
-      }
-    }
-  }
-  const double s = 1.0 / std::sqrt(static_cast<double>(n));
-  for (int i = 0; i < n; ++i) x[i] *= s;
-}
 
 // The Sylvester matrix built by its recursion H_2n = [[H, H], [H, -H]], H_1 = [1], unscaled.
 inline std::vector<int> SylvesterMatrix(int n) {
@@ -44,6 +30,81 @@ inline std::vector<int> SylvesterMatrix(int n) {
     h.swap(next);
   }
   return h;
+}
+
+// The quadratic character of x mod the prime q by Euler's criterion: x^((q-1)/2) mod q.
+inline int QuadraticCharacter(int x, int q) {
+  x = ((x % q) + q) % q;
+  if (x == 0) return 0;
+  long r = 1;
+  for (int e = 0; e < (q - 1) / 2; ++e) r = r * x % q;
+  return r == 1 ? 1 : -1;
+}
+
+// The symmetric Paley matrix P_m of docs/FORMAT.md section 3 (m = q + 1, q = 11 or 19), written
+// from its definition: P[0][0] = -1, the rest of row and column 0 is +1, and for i, j >= 1
+// P[i][j] = chi(i + j - 2) with chi(0) taken as +1.
+inline std::vector<int> PaleyMatrix(int m) {
+  const int q = m - 1;
+  std::vector<int> h(static_cast<size_t>(m) * m);
+  for (int i = 0; i < m; ++i) {
+    for (int j = 0; j < m; ++j) {
+      int v;
+      if (i == 0 && j == 0) {
+        v = -1;
+      } else if (i == 0 || j == 0) {
+        v = 1;
+      } else {
+        const int chi = QuadraticCharacter(i + j - 2, q);
+        v = chi == 0 ? 1 : chi;
+      }
+      h[static_cast<size_t>(i) * m + j] = v;
+    }
+  }
+  return h;
+}
+
+// The unscaled rotation matrix of order n (docs/FORMAT.md section 3), row-major: Sylvester for
+// a power of two; P_20 (x) S_4 for 80 and P_12 (x) S_8 for 96, entry (a*p + b, c*p + e) =
+// P[a][c] * S[b][e].
+inline std::vector<int> RotationMatrix(int n) {
+  if ((n & (n - 1)) == 0) return SylvesterMatrix(n);
+  const int m = n == 80 ? 20 : 12, p = n / m;
+  const std::vector<int> P = PaleyMatrix(m), S = SylvesterMatrix(p);
+  std::vector<int> h(static_cast<size_t>(n) * n);
+  for (int i = 0; i < n; ++i) {
+    for (int j = 0; j < n; ++j) {
+      h[static_cast<size_t>(i) * n + j] =
+          P[static_cast<size_t>(i / p) * m + j / p] * S[static_cast<size_t>(i % p) * p + j % p];
+    }
+  }
+  return h;
+}
+
+// x <- x H in double, H the orthonormal rotation of order n (docs/FORMAT.md section 3): the
+// Sylvester butterflies for a power of two, the dense product for 80 and 96.
+inline void HadamardDouble(double* x, int n) {
+  if ((n & (n - 1)) == 0) {
+    for (int h = 1; h < n; h *= 2) {
+      for (int i = 0; i < n; i += 2 * h) {
+        for (int j = i; j < i + h; ++j) {
+          const double a = x[j], b = x[j + h];
+          x[j] = a + b;
+          x[j + h] = a - b;
+        }
+      }
+    }
+  } else {
+    static const std::vector<int> h80 = RotationMatrix(80), h96 = RotationMatrix(96);
+    const std::vector<int>& h = n == 80 ? h80 : h96;
+    std::vector<double> y(n, 0.0);
+    for (int i = 0; i < n; ++i) {
+      for (int j = 0; j < n; ++j) y[j] += x[i] * h[static_cast<size_t>(i) * n + j];
+    }
+    std::copy(y.begin(), y.end(), x);
+  }
+  const double s = 1.0 / std::sqrt(static_cast<double>(n));
+  for (int i = 0; i < n; ++i) x[i] *= s;
 }
 
 // A record, decoded from the layout of docs/FORMAT.md section 7.

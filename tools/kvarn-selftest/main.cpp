@@ -42,8 +42,8 @@ void PrintUsage(std::FILE* out) {
       "Checks libkvarn on this machine: record format, quantization error against plain\n"
       "per-token RTN, paged attention against float64, and throughput, for every preset.\n"
       "\n"
-      "  --quick        head_dim 128 only, small caches (seconds)\n"
-      "  --full         head_dims 64, 128, 256, 512 (the default)\n"
+      "  --quick        head_dim 128 (and 96 on the CPU), small caches (seconds)\n"
+      "  --full         head_dims 64, 128, 256, 512 (and 80, 96 on the CPU; the default)\n"
       "  --backend B    run on backend B only (auto: the backend a default context picks);\n"
       "                 without it, every available backend runs\n"
       "  --json         print the results as one JSON object instead of a table\n"
@@ -209,8 +209,15 @@ void RunBackend(kvarn_context_t* context, const CommandLine& cl,
   SweepOptions options;
   options.quick = cl.quick;
   options.seed = cl.seed;
-  const std::vector<int> head_dims =
-      cl.quick ? std::vector<int>{128} : std::vector<int>{64, 128, 256, 512};
+  // Head dims 80 and 96 (docs/FORMAT.md section 3) have CPU kernels only; --quick checks 96 there.
+  const bool cpu = backend == KVARN_BACKEND_CPU;
+  std::vector<int> head_dims;
+  if (cl.quick) {
+    head_dims = cpu ? std::vector<int>{128, 96} : std::vector<int>{128};
+  } else {
+    head_dims =
+        cpu ? std::vector<int>{64, 80, 96, 128, 256, 512} : std::vector<int>{64, 128, 256, 512};
+  }
   for (const std::string& preset : presets) {
     for (int head_dim : head_dims) {
       RowResult row = RunRow(target, preset, head_dim, options);

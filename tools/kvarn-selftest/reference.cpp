@@ -26,13 +26,42 @@ double HalfToDouble(uint16_t bits) {
 }
 
 void HadamardInPlace(double* x, int n) {
-  // The iterative butterfly produces the Sylvester (natural) ordering, i.e. scipy's hadamard(n).
-  for (int h = 1; h < n; h *= 2) {
-    for (int i = 0; i < n; i += 2 * h) {
-      for (int j = i; j < i + h; ++j) {
-        const double a = x[j], b = x[j + h];
-        x[j] = a + b;
-        x[j + h] = a - b;
+  // n = m * p with p a power of two: m = 1 (the Sylvester matrix of order n), or the Paley
+  // factor of order m = 20 (n = 80) or 12 (n = 96). Channel i is entry (i / p, i % p).
+  const int m = n == 80 ? 20 : n == 96 ? 12 : 1;
+  const int p = n / m;
+  // The iterative butterfly produces the Sylvester (natural) ordering, i.e. scipy's hadamard(p),
+  // applied to each group of p channels.
+  for (int g = 0; g < m; ++g) {
+    double* y = x + g * p;
+    for (int h = 1; h < p; h *= 2) {
+      for (int i = 0; i < p; i += 2 * h) {
+        for (int j = i; j < i + h; ++j) {
+          const double a = y[j], b = y[j + h];
+          y[j] = a + b;
+          y[j + h] = a - b;
+        }
+      }
+    }
+  }
+  if (m > 1) {
+    // Across the groups: x <- (P_m (x) I_p) x with P_m the symmetric Paley matrix of
+    // docs/FORMAT.md section 3: P[0][0] = -1, +1 elsewhere in row and column 0, and for i, j >= 1
+    // +1 where (i + j - 2) mod q (q = m - 1) is 0 or a square mod q, else -1.
+    const int q = m - 1;
+    std::vector<char> is_square(q, 0);
+    is_square[0] = 1;
+    for (int r = 1; r < q; ++r) is_square[(r * r) % q] = 1;
+    auto paley = [&](int i, int j) -> double {
+      if (i == 0 || j == 0) return i == j ? -1.0 : 1.0;
+      return is_square[(i + j - 2) % q] ? 1.0 : -1.0;
+    };
+    std::vector<double> y(x, x + n);
+    for (int c = 0; c < m; ++c) {
+      for (int e = 0; e < p; ++e) {
+        double sum = 0.0;
+        for (int a = 0; a < m; ++a) sum += paley(a, c) * y[a * p + e];
+        x[c * p + e] = sum;
       }
     }
   }

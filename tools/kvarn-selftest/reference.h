@@ -13,8 +13,9 @@ namespace kvarn_selftest {
 // IEEE binary16 bits -> double (exact).
 double HalfToDouble(uint16_t bits);
 
-// In-place x <- x H with H the orthonormal Sylvester Hadamard matrix (docs/FORMAT.md section 3),
-// in float64. x has n elements, n a power of two. H is symmetric and its own inverse.
+// In-place x <- x H with H the orthonormal rotation of docs/FORMAT.md section 3, in float64: the
+// Sylvester Hadamard matrix for n a power of two, the Paley x Sylvester Kronecker product for n 80
+// and 96. H is symmetric and its own inverse.
 void HadamardInPlace(double* x, int n);
 
 // Squared-error sums of one quantization experiment.

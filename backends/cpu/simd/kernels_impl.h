@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "backends/cpu/hadamard.h"
 #include "backends/cpu/kernels.h"
 
 #ifndef KVARN_SIMD_NS
@@ -85,35 +86,51 @@ inline void RowStd4(const float* x0, const float* x1, const float* x2, const flo
   out[3] = static_cast<float>(std::sqrt(Combine8(a3) / (n - 1)));
 }
 
-// Column deviations of X (R x C): per column, the sum over the rows in order, the mean, then the
-// squared deviations over the rows in order, all in double. Blocks of 32 columns stay in
-// registers while the rows stream by.
-void ColumnStdsV(const float* X, int R, int C, float* out) {
-  constexpr int kB = 4;  // eight-double vectors per block
-  for (int j0 = 0; j0 < C; j0 += 8 * kB) {
-    Dv s[kB], m[kB];
-    for (int b = 0; b < kB; ++b) s[b] = V::DZero();
-    for (int i = 0; i < R; ++i) {
-      const float* row = X + static_cast<size_t>(i) * C + j0;
-      for (int b = 0; b < kB; ++b) s[b] = V::DAdd(s[b], V::DFromFloats(row + 8 * b));
-    }
-    const Dv rn = V::DSet1(static_cast<double>(R));
+// Column deviations of X (R x C) for the kB * 8 columns from j0: per column, the sum over the rows
+// in order, the mean, then the squared deviations over the rows in order, all in double. The
+// block stays in registers while the rows stream by.
+template <int kB>
+void ColumnStdsBlock(const float* X, int R, int C, int j0, float* out) {
+  Dv s[kB], m[kB];
+  for (int b = 0; b < kB; ++b) s[b] = V::DZero();
+  for (int i = 0; i < R; ++i) {
+    const float* row = X + static_cast<size_t>(i) * C + j0;
+    for (int b = 0; b < kB; ++b) s[b] = V::DAdd(s[b], V::DFromFloats(row + 8 * b));
+  }
+  const Dv rn = V::DSet1(static_cast<double>(R));
+  for (int b = 0; b < kB; ++b) {
+    m[b] = V::DDiv(s[b], rn);  // the mean
+    s[b] = V::DZero();
+  }
+  for (int i = 0; i < R; ++i) {
+    const float* row = X + static_cast<size_t>(i) * C + j0;
     for (int b = 0; b < kB; ++b) {
-      m[b] = V::DDiv(s[b], rn);  // the mean
-      s[b] = V::DZero();
+      const Dv d = V::DSub(V::DFromFloats(row + 8 * b), m[b]);
+      s[b] = V::DAddOnFma(s[b], V::DMul(d, d));
     }
-    for (int i = 0; i < R; ++i) {
-      const float* row = X + static_cast<size_t>(i) * C + j0;
-      for (int b = 0; b < kB; ++b) {
-        const Dv d = V::DSub(V::DFromFloats(row + 8 * b), m[b]);
-        s[b] = V::DAddOnFma(s[b], V::DMul(d, d));
-      }
-    }
-    alignas(64) double ss[8 * kB];
-    for (int b = 0; b < kB; ++b) V::DStore(ss + 8 * b, s[b]);
-    for (int j = 0; j < 8 * kB; ++j) {
-      out[j0 + j] = static_cast<float>(std::sqrt(ss[j] / (R - 1)));
-    }
+  }
+  alignas(64) double ss[8 * kB];
+  for (int b = 0; b < kB; ++b) V::DStore(ss + 8 * b, s[b]);
+  for (int j = 0; j < 8 * kB; ++j) out[j0 + j] = static_cast<float>(std::sqrt(ss[j] / (R - 1)));
+}
+
+// Column deviations of X (R x C, C a multiple of 8) in blocks of 32 columns, then the 8, 16 or 24
+// left over when C is not a multiple of 32 (the V tile of D = 80).
+void ColumnStdsV(const float* X, int R, int C, float* out) {
+  int j0 = 0;
+  for (; j0 + 32 <= C; j0 += 32) ColumnStdsBlock<4>(X, R, C, j0, out);
+  switch ((C - j0) / 8) {
+    case 3:
+      ColumnStdsBlock<3>(X, R, C, j0, out);
+      break;
+    case 2:
+      ColumnStdsBlock<2>(X, R, C, j0, out);
+      break;
+    case 1:
+      ColumnStdsBlock<1>(X, R, C, j0, out);
+      break;
+    default:
+      break;
   }
 }
 
@@ -261,17 +278,41 @@ void DequantizeRecordV(const RecordView& rec, int D, int G, int key_bits, int va
 
 // ---- rotation and conversions ---------------------------------------------------------------
 
-// The reference's butterflies: strides 1, 2, 4, ... (strides below N inside each vector), then
-// the scale 1/sqrt(n) as one rounded multiply.
+// The reference's butterflies (backends/cpu/hadamard.h), bit for bit. Power-of-two n: strides
+// 1, 2, 4, ... (strides below N inside each vector). n = m * p (80, 96): the reference's group
+// transforms, then the Paley factor with the lanes over output channels: lane l of the chunk at
+// d0 adds P[a][(d0 + l) / p] * (channel (d0 + l) % p of group a), for a = 0, 1, ... in order.
+// Then the scale 1/sqrt(n) as one rounded multiply.
 void Hadamard(float* x, int n) {
-  for (int i = 0; i < n; i += N) V::Store(x + i, V::ButterfliesInVector(V::Load(x + i)));
-  for (int h = N; h < n; h *= 2) {
-    for (int i = 0; i < n; i += 2 * h) {
-      for (int j = i; j < i + h; j += N) {
-        const F a = V::Load(x + j), b = V::Load(x + j + h);
-        V::Store(x + j, V::Add(a, b));
-        V::Store(x + j + h, V::Sub(a, b));
+  const RotationFactors f = RotationFactorsFor(n);
+  if (f.m == 1) {
+    for (int i = 0; i < n; i += N) V::Store(x + i, V::ButterfliesInVector(V::Load(x + i)));
+    for (int h = N; h < n; h *= 2) {
+      for (int i = 0; i < n; i += 2 * h) {
+        for (int j = i; j < i + h; j += N) {
+          const F a = V::Load(x + j), b = V::Load(x + j + h);
+          V::Store(x + j, V::Add(a, b));
+          V::Store(x + j + h, V::Sub(a, b));
+        }
       }
+    }
+  } else {
+    for (int a = 0; a < f.m; ++a) SylvesterButterflies(x + a * f.p, f.p);
+    // Group a repeated over kW lanes (kW a multiple of p = 4 or 8, and of N): the chunk at d0
+    // reads its lanes from offset d0 % kW.
+    constexpr int kW = N > 8 ? N : 8;
+    constexpr int kMaxGroups = 20;
+    alignas(64) float z[kMaxGroups * kW];
+    for (int a = 0; a < f.m; ++a) {
+      for (int l = 0; l < kW; ++l) z[a * kW + l] = x[a * f.p + l % f.p];
+    }
+    for (int d0 = 0; d0 < n; d0 += N) {
+      const float* zc = z + d0 % kW;
+      F acc = V::Mul(V::Load(f.lane_signs + d0), V::Load(zc));
+      for (int a = 1; a < f.m; ++a) {
+        acc = V::Add(acc, V::Mul(V::Load(f.lane_signs + a * n + d0), V::Load(zc + a * kW)));
+      }
+      V::Store(x + d0, acc);
     }
   }
   const F s = V::Set1(static_cast<float>(1.0 / std::sqrt(static_cast<double>(n))));
@@ -441,27 +482,44 @@ void KeyScores(const uint8_t* k_codes, int D, int G, const float* qa, int nq, fl
   }
 }
 
-// V sums of a record tile for up to kQ queries: out[g][d] = sum_{t < n} pa[g][t] code[t][d].
+// V sums of a record tile for up to kQ queries: out[g][d] = sum_{t < n} pa[g][t] code[t][d]. A row
+// of D * kBits / 8 bytes that is not a multiple of N (D = 80, 96) ends in a partial block, read
+// through a zero-padded copy and stored through a buffer, so nothing past the row is touched.
 template <int kBits, int kQ>
 void ValueSums(const uint8_t* v_codes, int D, int n, const float* pa, int G, int nq, float* out) {
   constexpr int kPer = 8 / kBits;
   const int row_bytes = D * kBits / 8;
+  alignas(64) uint8_t pad[N] = {};
   for (int b0 = 0; b0 < row_bytes; b0 += N) {
+    const int nbytes = row_bytes - b0 < N ? row_bytes - b0 : N;
     F acc[kQ][kPer];
     for (int g = 0; g < kQ; ++g) {
       for (int k = 0; k < kPer; ++k) acc[g][k] = V::Set1(0.f);
     }
     for (int t = 0; t < n; ++t) {
       F c[kPer];
-      ExpandCodes<kBits>(v_codes + static_cast<size_t>(t) * row_bytes + b0, c);
+      const uint8_t* src = v_codes + static_cast<size_t>(t) * row_bytes + b0;
+      if (nbytes < N) {
+        std::memcpy(pad, src, static_cast<size_t>(nbytes));
+        src = pad;
+      }
+      ExpandCodes<kBits>(src, c);
       for (int g = 0; g < kQ; ++g) {
         const F w = V::Set1(pa[g * G + t]);
         for (int k = 0; k < kPer; ++k) acc[g][k] = V::MulAdd(w, c[k], acc[g][k]);
       }
     }
     const int d0 = b0 * kPer;
-    for (int g = 0; g < nq; ++g)
-      StoreInterleaved<kPer>(acc[g], out + static_cast<size_t>(g) * D + d0);
+    for (int g = 0; g < nq; ++g) {
+      float* dst = out + static_cast<size_t>(g) * D + d0;
+      if (nbytes == N) {
+        StoreInterleaved<kPer>(acc[g], dst);
+      } else {
+        alignas(64) float buf[kPer * N];
+        StoreInterleaved<kPer>(acc[g], buf);
+        std::memcpy(dst, buf, sizeof(float) * kPer * nbytes);
+      }
+    }
   }
 }
 

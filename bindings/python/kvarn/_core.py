@@ -445,8 +445,9 @@ class Context(_Closable):
         out_dtype: Optional[str] = None,
         out: Any = None,
     ) -> Any:
-        """x @ H for rows of head_dim channels (the orthonormal Sylvester Hadamard, its own
-        inverse). x: [..., D] of fp32/fp16/bf16, D in {64, 128, 256, 512}. Returns an array of
+        """x @ H for rows of head_dim channels (the orthonormal Hadamard matrix of docs/FORMAT.md
+        section 3, its own inverse). x: [..., D] of fp32/fp16/bf16, D in {64, 80, 96, 128, 256,
+        512} (80 and 96: CPU contexts only). Returns an array of
         the same shape in `out_dtype` (default: x's dtype); `out` may be x itself."""
         xa = self._take(x, "x")
         in_kind = A.float_kind(xa, "x", dtype)

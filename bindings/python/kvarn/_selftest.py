@@ -30,10 +30,21 @@ _NUM_Q_HEADS = 8  # GQA 4
 
 
 def hadamard(d: int) -> np.ndarray:
-    """The orthonormal Sylvester Hadamard matrix of order d (float64)."""
+    """The orthonormal rotation of order d (float64, docs/FORMAT.md section 3): the Sylvester
+    Hadamard matrix for a power of two; for 80 and 96 the Kronecker product P_m (x) S_p of the
+    symmetric Paley matrix P_m (m = 20, 12) and the Sylvester matrix S_p (p = 4, 8)."""
+    m = {80: 20, 96: 12}.get(d, 1)
     h = np.ones((1, 1))
-    while h.shape[0] < d:
+    while h.shape[0] < d // m:
         h = np.block([[h, h], [h, -h]])
+    if m > 1:
+        q = m - 1
+        squares = {0} | {(r * r) % q for r in range(1, q)}
+        p = np.array([[1.0 if (i + j - 2) % q in squares else -1.0 for j in range(m)]
+                      for i in range(m)])
+        p[0, :] = p[:, 0] = 1.0
+        p[0, 0] = -1.0
+        h = np.kron(p, h)
     return h / math.sqrt(d)
 
 
@@ -400,7 +411,8 @@ def selftest(
     verbose: bool = True,
 ) -> SelftestReport:
     """Runs the checks of ``kvarn-selftest`` on a context (default: the CPU) for every preset
-    at head dim 128 (``quick=False``: 64, 128, 256 and 512). Returns the
+    at head dim 128 (``quick=False``: 64, 128, 256 and 512; ``head_dims`` may also name 80 and
+    96, which run on the CPU backend only). Returns the
     :class:`SelftestReport`; raises :class:`SelftestError` (carrying it) when a check fails,
     unless ``raise_on_failure=False``. Prints the report first (``verbose=False``: silent)."""
     ctx = ctx if ctx is not None else default_context()

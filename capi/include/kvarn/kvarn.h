@@ -271,7 +271,7 @@ KVARN_API kvarn_status_t kvarn_context_synchronize(kvarn_context_t* context);
  * algorithm) is their only stable value. */
 typedef struct kvarn_config {
   size_t size;          /* sizeof(kvarn_config_t) */
-  int32_t head_dim;     /* D: 64, 128, 256, 512 */
+  int32_t head_dim;     /* D: 64, 80, 96, 128, 256, 512 (80, 96: CPU backend only) */
   int32_t tile_tokens;  /* G: 64, 128 */
   int32_t key_bits;     /* bK: 2, 4, 8 */
   int32_t value_bits;   /* bV: 2, 4, 8 */
@@ -319,11 +319,13 @@ KVARN_API kvarn_status_t kvarn_record_field(const kvarn_config_t* config,
  * Layer 1: codec (stateless, batched)
  * ------------------------------------------------------------------------------------------- */
 
-/* Rotates n_rows vectors of head_dim channels by the orthonormal Sylvester Hadamard matrix
- * (docs/FORMAT.md section 3): out[r,:] = in[r,:] H, computed in fp32, rounded to out_dtype
- * (nearest even). H is its own inverse, so the same call un-rotates.
+/* Rotates n_rows vectors of head_dim channels by the orthonormal Hadamard matrix of
+ * docs/FORMAT.md section 3 (Sylvester; for head_dim 80 and 96 the Kronecker product of a symmetric
+ * Paley matrix and a Sylvester matrix): out[r,:] = in[r,:] H, computed in fp32, rounded to
+ * out_dtype (nearest even). H is its own inverse, so the same call un-rotates.
  * in:  [n_rows][head_dim] of in_dtype;  out: [n_rows][head_dim] of out_dtype (may equal in when
- * the dtypes are equal). head_dim in {64,128,256,512}. */
+ * the dtypes are equal). head_dim in {64,80,96,128,256,512}; 80 and 96 on the CPU backend only
+ * (GPU contexts return KVARN_ERR_UNSUPPORTED). */
 KVARN_API kvarn_status_t kvarn_rotate(kvarn_context_t* context, int32_t head_dim, size_t n_rows,
                                       kvarn_dtype_t in_dtype, const void* in,
                                       kvarn_dtype_t out_dtype, void* out);

@@ -22,7 +22,7 @@ use crate::error::{check, Error, Result};
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Config {
-    /// D: 64, 128, 256, 512.
+    /// D: 64, 80, 96, 128, 256, 512 (80 and 96: CPU contexts only).
     pub head_dim: i32,
     /// G: 64, 128.
     pub tile_tokens: i32,

@@ -216,11 +216,11 @@ fn codec_errors_are_statuses_not_panics() {
     let huge: Vec<f32> = k.iter().map(|x| x * 1e6).collect();
     assert_eq!(st(ctx.quantize(&config, &k, &huge)), Status::Overflow);
     let bad = Config {
-        head_dim: 96,
+        head_dim: 100,
         ..config
     };
-    let k96 = rng.tensor(96 * 64, 96);
-    let e = ctx.quantize(&bad, &k96, &k96).unwrap_err();
+    let k100 = rng.tensor(100 * 64, 100);
+    let e = ctx.quantize(&bad, &k100, &k100).unwrap_err();
     assert!(
         matches!(e.status(), Status::Unsupported | Status::InvalidArgument),
         "{e}"
@@ -272,9 +272,9 @@ fn codec_errors_are_statuses_not_panics() {
         ctx.rotate(0, &k[..64], &mut y).unwrap_err().status(),
         Status::InvalidArgument
     );
-    let mut y = vec![0f32; 96];
+    let mut y = vec![0f32; 100];
     assert_eq!(
-        ctx.rotate(96, &k[..96], &mut y).unwrap_err().status(),
+        ctx.rotate(100, &k[..100], &mut y).unwrap_err().status(),
         Status::Unsupported
     );
     assert_eq!(

@@ -70,7 +70,7 @@ public final class Config {
    * "k&lt;b&gt;v&lt;b&gt;_g&lt;G&gt;" with b in {2, 4, 8} and G in {64, 128}) at a head dim.
    *
    * @param preset the preset name
-   * @param headDim D: 64, 128, 256 or 512
+   * @param headDim D: 64, 80, 96, 128, 256 or 512 (80 and 96: CPU contexts only)
    * @return the configuration
    * @throws KvarnException NOT_FOUND for an unknown name
    */

@@ -135,7 +135,7 @@ public final class Context implements AutoCloseable {
   /**
    * Rotates rows by the orthonormal Hadamard matrix (its own inverse, so this also un-rotates).
    *
-   * @param headDim D of each row: 64, 128, 256 or 512
+   * @param headDim D of each row: 64, 80, 96, 128, 256 or 512 (80 and 96: CPU contexts only)
    * @param nRows rows
    * @param inDtype dtype of in
    * @param in [nRows][headDim] of inDtype

@@ -27,7 +27,7 @@ class ConfigTest {
   @Test
   void everyPresetHasTheDocumentedRecordSize() {
     for (String preset : Config.presets()) {
-      for (int d : new int[] {64, 128, 256, 512}) {
+      for (int d : new int[] {64, 80, 96, 128, 256, 512}) {
         Config c = Config.fromPreset(preset, d).validate();
         assertEquals(d, c.headDim());
         long expect = (long) d * c.tileTokens() * (c.keyBits() + c.valueBits()) / 8 + 6L * d
@@ -63,7 +63,7 @@ class ConfigTest {
     assertStatus(Status.NOT_FOUND, () -> Config.fromPreset("k3v2_g128", 128));
     assertStatus(Status.INVALID_ARGUMENT, () -> Config.fromPreset(null, 128));
     KvarnException e = assertStatus(Status.UNSUPPORTED,
-        () -> Config.defaults().withHeadDim(96).validate());
+        () -> Config.defaults().withHeadDim(100).validate());
     assertEquals(false, e.detail().isEmpty());
     assertStatus(Status.UNSUPPORTED, () -> Config.defaults().withBits(3, 2).recordBytes());
     assertStatus(Status.UNSUPPORTED, () -> Config.defaults().withTileTokens(32).validate());

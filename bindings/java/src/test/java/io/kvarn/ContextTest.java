@@ -267,8 +267,8 @@ class ContextTest {
     x[777] = 1e6f;
     assertStatus(Status.OVERFLOW, () -> ctx.quantize(config, 1, DType.F32, TestData.floats(x),
         TestData.floats(x), records, config.recordBytes(), false));
-    assertStatus(Status.UNSUPPORTED, () -> ctx.rotate(96, 1, DType.F32, TestData.zeros(96),
-        DType.F32, TestData.zeros(96)));
+    assertStatus(Status.UNSUPPORTED, () -> ctx.rotate(100, 1, DType.F32, TestData.zeros(100),
+        DType.F32, TestData.zeros(100)));
   }
 
   @Test

@@ -114,8 +114,8 @@ class KvarnTest {
       assertEquals(0, device[0]);
       // A failing status throws KvarnException from JNI with kvarn_last_error's message.
       KvarnException e = TestData.assertStatus(Status.UNSUPPORTED, () -> KvarnNative.rotate(
-          handle, 96, 1, DType.F32.code(), TestData.zeros(96), DType.F32.code(),
-          TestData.zeros(96)));
+          handle, 100, 1, DType.F32.code(), TestData.zeros(100), DType.F32.code(),
+          TestData.zeros(100)));
       assertFalse(e.detail().isEmpty());
     }
   }
