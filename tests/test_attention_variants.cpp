@@ -143,6 +143,9 @@ std::vector<VariantCase> Cases() {
        true,
        false,
        0},
+      // Phi-3-mini-4k: head dim 96 (Paley x Sylvester rotation), MHA, window 2047; D80 likewise.
+      {"phi3_d96_mha_window", "k4v2_g128", 96, 4, 1, {2100, 300}, {5, 2}, 2047, 0, false, false, 0},
+      {"d80_sinks_window", "k4v4_g64", 80, 2, 4, {700, 90}, {}, 200, 0, true, false, 0},
       // Prefix mode: the queries follow the cache.
       {"prefix_decode", "k4v2_g128", 128, 2, 4, {1, 300, 1000}, {}, 0, 0, false, true, 0},
       {"prefix_extend_window_sinks",
