@@ -322,6 +322,61 @@ void DecodeArgs(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_DecodeAttention)->Apply(DecodeArgs)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// Decode attention with the model variants (docs/API.md "Model variants"), k4v2_g128, Hq 32,
+// Hk 8, D128, batch 1, one thread (per-core figures); args: context tokens, sliding window (0 =
+// full), sinks (0/1), softcap (0 or the value), isa. A window layer should cost its window
+// (W / G + 1 tiles per sequence), not its context; sinks and softcap should cost little.
+void BM_DecodeAttentionVariant(benchmark::State& state) {
+  const int64_t len = state.range(0) + 1;
+  kvarn_context_t* ctx = MakeContext(state, 1, state.range(4));
+  if (ctx == nullptr) return;
+  Pools p;
+  if (!MakePools(ctx, len, 1, true, &p)) {
+    state.SkipWithError(kvarn_last_error());
+    kvarn_context_destroy(ctx);
+    return;
+  }
+  const int Hq = 32;
+  const auto q = Randn(static_cast<size_t>(Hq) * p.D, 5);
+  const auto sinks = Randn(Hq, 6);
+  std::vector<float> out(q.size());
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = Hq;
+  ap.sliding_window = static_cast<int32_t>(state.range(1));
+  ap.sinks = state.range(2) ? sinks.data() : nullptr;
+  ap.logit_softcap = static_cast<float>(state.range(3));
+  kvarn_paged_kv_t kv = p.View();
+  for (auto _ : state) {
+    if (kvarn_paged_attention(ctx, &p.cfg, &kv, &ap, q.data(), out.data(), nullptr, nullptr, 0) !=
+        KVARN_OK) {
+      state.SkipWithError(kvarn_last_error());
+      break;
+    }
+  }
+  std::string label = "k4v2_g128";
+  if (ap.sliding_window > 0) label += " window " + std::to_string(ap.sliding_window);
+  if (ap.sinks != nullptr) label += " sinks";
+  if (ap.logit_softcap > 0) label += " softcap";
+  Label(state, label, state.range(4));
+  kvarn_context_destroy(ctx);
+}
+
+void VariantArgs(benchmark::internal::Benchmark* b) {
+  const int64_t best = Isas(false).back();
+  for (int64_t len : {32768, 131072}) {
+    b->Args({len, 0, 0, 0, best});     // plain
+    b->Args({len, 128, 1, 0, best});   // gpt-oss window layer
+    b->Args({len, 1024, 0, 0, best});  // Gemma 3 window layer
+    b->Args({len, 0, 1, 0, best});     // gpt-oss full layer (sinks)
+    b->Args({len, 0, 0, 50, best});    // Gemma 2 softcap, full
+  }
+}
+BENCHMARK(BM_DecodeAttentionVariant)
+    ->Apply(VariantArgs)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
 // Append (rotation + fp16 rounding into pages) of 256 tokens x 8 heads, 1 thread; arg: isa.
 void BM_PagedAppend(benchmark::State& state) {
   kvarn_context_t* ctx = MakeContext(state, 1, state.range(0));
