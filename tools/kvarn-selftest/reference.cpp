@@ -99,17 +99,18 @@ void AccumulateError(const float* input, const float* reconstruction, size_t n, 
 }
 
 double AttentionFloat64(const double* q, const double* keys, const double* values, int n_keys,
-                        int dim, double scale, double* out) {
+                        int dim, double scale, double* out, double softcap, double sink) {
   std::vector<double> scores(n_keys);
-  double max_score = -std::numeric_limits<double>::infinity();
+  double max_score = sink;
   for (int t = 0; t < n_keys; ++t) {
     double s = 0.0;
     const double* k = keys + static_cast<size_t>(t) * dim;
     for (int d = 0; d < dim; ++d) s += q[d] * k[d];
     scores[t] = s * scale;
+    if (softcap > 0.0) scores[t] = softcap * std::tanh(scores[t] / softcap);
     max_score = std::max(max_score, scores[t]);
   }
-  double denom = 0.0;
+  double denom = std::isinf(sink) ? 0.0 : std::exp(sink - max_score);
   for (int d = 0; d < dim; ++d) out[d] = 0.0;
   for (int t = 0; t < n_keys; ++t) {
     const double p = std::exp(scores[t] - max_score);

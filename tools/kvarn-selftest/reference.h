@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <vector>
 
 namespace kvarn_selftest {
@@ -37,8 +38,11 @@ void AccumulateError(const float* input, const float* reconstruction, size_t n, 
 // Float64 attention of one query head over one KV head's cached tokens, in whatever frame the
 // caller gives (q and keys must share it). keys, values: [n_keys][dim] row-major float64.
 // Writes out[dim] and returns the natural log of the softmax denominator of the scaled scores.
+// The model variants (docs/FORMAT.md section 9.1): scores become softcap * tanh(s / softcap) when
+// softcap > 0, and a finite sink logit joins the denominator with no value.
 double AttentionFloat64(const double* q, const double* keys, const double* values, int n_keys,
-                        int dim, double scale, double* out);
+                        int dim, double scale, double* out, double softcap = 0.0,
+                        double sink = -std::numeric_limits<double>::infinity());
 
 }  // namespace kvarn_selftest
 
