@@ -16,7 +16,7 @@
 
 namespace kvarn {
 
-constexpr int kBackendInterfaceVersion = 2;
+constexpr int kBackendInterfaceVersion = 3;
 
 // A validated view of kvarn_paged_kv_t.
 struct PagedKV {
@@ -190,6 +190,10 @@ struct BackendOps {
   Status (*paged_flush_tail_run)(Context* ctx, const Config& cfg, const PagedKV& kv,
                                  const LaunchArgs& launch, const int32_t* committed,
                                  int32_t* record_tiles_out);
+
+  // The context's error word (kvarn_context_error_word) in its memory, or NULL where every call
+  // returns its own errors (the core then hands out Context::host_error_word, always 0).
+  const int32_t* (*error_word)(Context* ctx);
 };
 
 struct Context {
@@ -201,6 +205,7 @@ struct Context {
   kvarn_cpu_isa_t isa = KVARN_CPU_ISA_NONE;
   std::unique_ptr<ThreadPool> pool;  // CPU backends
   void* backend_state = nullptr;     // owned by the backend (context_release frees it)
+  int32_t host_error_word = 0;       // kvarn_context_error_word where the backend has none
 };
 
 // The registry (core/registry.cpp).

@@ -7,8 +7,10 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "kvarn/kvarn.h"
@@ -280,6 +282,50 @@ TEST_F(CudaGraph, ThreeHundredReplaysEqualTheUncapturedSteps) {
   }
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
+}
+
+// kvarn_context_error_word: a data error found on the device (a block-table entry outside the
+// pool, in a call without a status array) shows in the word without any kvarn synchronization
+// (read here with the CUDA runtime, as an engine would); kvarn_context_synchronize then reports it
+// and clears the word.
+TEST(CudaErrorWord, ShowsADeviceErrorBeforeSynchronizeAndClearsAtIt) {
+  kvt::ContextPtr ctx = kvt::MakeCudaContext();
+  if (!ctx) GTEST_SKIP() << "no CUDA device here: " << kvarn_last_error();
+  auto cpu = kvt::MakeCpuContext();
+  kvt::Rng rng(91);
+  const kvarn_config_t cfg = kvt::PresetConfig("k4v2_g128", 128);
+  kvt::PagedCacheSpec spec;
+  spec.lens = {900, 300};
+  kvt::PagedCache pc;
+  ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg, spec, rng, &pc));
+  pc.block_table[2] = 1 << 20;  // sequence 0, tile 2: outside both pools
+  kvt::DevicePagedCache dc(ctx.get(), pc);
+  const int32_t* word = nullptr;
+  ASSERT_EQ(kvarn_context_error_word(ctx.get(), &word), KVARN_OK) << kvarn_last_error();
+  ASSERT_NE(word, nullptr);
+  int32_t host = -1;
+  ASSERT_EQ(cudaMemcpy(&host, word, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host, 0);
+  kvarn_attention_params_t p;
+  kvarn_attention_params_defaults(&p);
+  p.num_q_heads = 8;
+  size_t ws = 0;
+  ASSERT_EQ(kvarn_paged_attention_workspace_size(ctx.get(), &cfg, &dc.kv, &p, 2, &ws), KVARN_OK);
+  DeviceBuffer dq(ctx.get(), std::vector<float>(2 * 8 * 128, 0.5f));
+  DeviceBuffer dout(ctx.get(), 2 * 8 * 128 * 4), dws(ctx.get(), std::max<size_t>(ws, 1));
+  ASSERT_EQ(kvarn_paged_attention(ctx.get(), &cfg, &dc.kv, &p, dq.get(), dout.get(), nullptr,
+                                  ws ? dws.get() : nullptr, ws),
+            KVARN_OK)
+      << kvarn_last_error();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);  // the engine's own wait, not kvarn's
+  ASSERT_EQ(cudaMemcpy(&host, word, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host, KVARN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kvarn_context_synchronize(ctx.get()), KVARN_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(kvarn_last_error()).find("block_table"), std::string::npos)
+      << kvarn_last_error();
+  ASSERT_EQ(cudaMemcpy(&host, word, sizeof host, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(host, 0);
+  EXPECT_EQ(kvarn_context_synchronize(ctx.get()), KVARN_OK);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <kvarn/kvarn.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -40,5 +41,34 @@ TEST(MemoryApi, BadArgumentsGiveStatuses) {
   EXPECT_EQ(b[0], 9);
   EXPECT_EQ(kvarn_context_synchronize(nullptr), KVARN_ERR_INVALID_ARGUMENT);
   EXPECT_EQ(kvarn_memory_alloc(ctx, SIZE_MAX - 10, &p), KVARN_ERR_OUT_OF_MEMORY);
+  kvarn_context_destroy(ctx);
+}
+
+// kvarn_context_error_word on the CPU: a valid word that stays 0, since every CPU call returns
+// its own errors; bad arguments are refused.
+TEST(MemoryApi, ErrorWordIsZeroOnTheCpuAndSurvivesFailingCalls) {
+  kvarn_context_t* ctx = nullptr;
+  ASSERT_EQ(kvarn_context_create(nullptr, &ctx), KVARN_OK);
+  const int32_t* word = nullptr;
+  ASSERT_EQ(kvarn_context_error_word(ctx, &word), KVARN_OK) << kvarn_last_error();
+  ASSERT_NE(word, nullptr);
+  EXPECT_EQ(*word, 0);
+  // A call that fails on bad data returns the error itself and leaves the word alone.
+  kvarn_config_t cfg;
+  ASSERT_EQ(kvarn_config_from_preset("k4v2_g128", 128, &cfg), KVARN_OK);
+  std::vector<float> k(128 * 128, 1.f), v(k.size(), 1.f);
+  k[5] = NAN;
+  size_t rb = 0;
+  ASSERT_EQ(kvarn_record_bytes(&cfg, &rb), KVARN_OK);
+  std::vector<uint8_t> rec(rb);
+  EXPECT_EQ(kvarn_quantize(ctx, &cfg, 1, KVARN_DTYPE_F32, k.data(), v.data(), KVARN_CODEC_DEFAULT,
+                           rec.data(), rb),
+            KVARN_ERR_NON_FINITE);
+  EXPECT_EQ(*word, 0);
+  const int32_t* again = nullptr;
+  ASSERT_EQ(kvarn_context_error_word(ctx, &again), KVARN_OK);
+  EXPECT_EQ(again, word);  // one word per context, for its lifetime
+  EXPECT_EQ(kvarn_context_error_word(ctx, nullptr), KVARN_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(kvarn_context_error_word(nullptr, &again), KVARN_ERR_INVALID_ARGUMENT);
   kvarn_context_destroy(ctx);
 }

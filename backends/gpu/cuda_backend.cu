@@ -179,6 +179,9 @@ void Free(Context* ctx, void* p) {
   cudaFree(p);
 }
 
+// The code field of the sticky error words: what kvarn_context_error_word hands out.
+const int32_t* ErrorWord(Context* ctx) { return &State(ctx)->errors->code; }
+
 Status Synchronize(Context* ctx) {
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
@@ -470,6 +473,7 @@ const BackendOps KVARN_GPU_BACKEND_TABLE = {
     PagedAttentionRunOnDevice,
     nullptr,  // paged_append_tail_run: the tail state is CPU-only for now
     nullptr,  // paged_flush_tail_run
+    ErrorWord,
 };
 #endif
 

@@ -160,6 +160,9 @@ KVARN_JAVA_HANDLE(kvarn_attention_plan_t)
                      const int32_t* tile_seqs, const int32_t* q_indptr };
 %ignore kvarn_paged_append_run;
 %ignore kvarn_paged_flush_run;
+/* The error word serves engines on GPU contexts; the Java binding runs CPU contexts, whose calls
+ * return every error themselves. */
+%ignore kvarn_context_error_word;
 
 /* ---- host id arrays ----------------------------------------------------------------------- */
 %define KVARN_JAVA_IN_ARRAY(CTYPE, NAME, JARRAY, JTYPE, GET, RELEASE, JELEM)

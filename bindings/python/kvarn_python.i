@@ -167,6 +167,12 @@ KVARN_OUT_VALUE(int64_t, out_committed, PyLong_FromLongLong)
   $result = kvarn_py_append_output($result, PyUnicode_FromString(tmp$argnum ? tmp$argnum : ""));
 }
 
+/* kvarn_context_error_word: the word's address as an integer (context memory). */
+%typemap(in, numinputs=0) const int32_t** out_word (const int32_t* tmp = NULL) { $1 = ($1_ltype)&tmp; }
+%typemap(argout) const int32_t** out_word {
+  $result = kvarn_py_append_output($result, PyLong_FromVoidPtr((void*)tmp$argnum));
+}
+
 /* kvarn_memory_alloc: the address as an integer. */
 %typemap(in, numinputs=0) void** out_ptr (void* tmp = NULL) { $1 = &tmp; }
 %typemap(argout) void** out_ptr {

@@ -224,4 +224,14 @@ kvarn_status_t kvarn_context_synchronize(kvarn_context_t* c) {
   });
 }
 
+kvarn_status_t kvarn_context_error_word(kvarn_context_t* c, const int32_t** out_word) {
+  return Guard([&]() -> Status {
+    KVARN_RETURN_IF_ERROR(NeedContext(c));
+    if (out_word == nullptr) return kvarn::InvalidArgument("out_word is NULL");
+    kvarn::Context* ctx = c->impl.get();
+    *out_word = ctx->ops->error_word ? ctx->ops->error_word(ctx) : &ctx->host_error_word;
+    return Status::Ok();
+  });
+}
+
 }  // extern "C"

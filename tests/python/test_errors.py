@@ -174,3 +174,16 @@ def test_backend_unavailable_or_device_error_is_raised_for_gpu_contexts():
         with pytest.raises(kvarn.BackendUnavailableError) as e:
             kvarn.Context(backend)
         assert e.value.detail == kvarn.capi.last_error()
+
+
+def test_error_word_is_a_zero_int32_on_the_cpu():
+    import ctypes
+
+    ctx = kvarn.Context(backend="cpu")
+    address = ctx.error_word_address
+    assert address != 0 and address == ctx.error_word_address
+    assert ctypes.c_int32.from_address(address).value == 0
+    with pytest.raises(kvarn.NonFiniteError):
+        ctx.quantize(np.full((1, 128, 128), np.nan, np.float32),
+                     np.zeros((1, 128, 128), np.float32), kvarn.Config())
+    assert ctypes.c_int32.from_address(address).value == 0  # CPU calls return their own errors

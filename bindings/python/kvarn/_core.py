@@ -424,6 +424,16 @@ class Context(_Closable):
         with self._lock:
             capi.context_synchronize(self._h())
 
+    @property
+    def error_word_address(self) -> int:
+        """Address of the context's error word (``kvarn_context_error_word``): an int32 in the
+        context's memory holding the status of the first data error a kernel found since it was
+        last reported (0 if none), readable without synchronizing (e.g. ``torch`` or CuPy over
+        the address, copied to pinned memory on the engine's stream). :meth:`synchronize`
+        reports that error and clears the word. Always 0 on the CPU."""
+        with self._lock:
+            return int(capi.context_error_word(self._h()))
+
     def empty(self, shape: Sequence[int], dtype: Any) -> Any:
         """An uninitialized array in the context's memory (numpy on the CPU, else DeviceArray)."""
         kind = dtype if dtype in ("u8", "i32", "i64") else A.parse_dtype(dtype)

@@ -256,6 +256,17 @@ KVARN_API kvarn_status_t kvarn_memory_copy(kvarn_context_t* context, void* dst, 
 /* Waits until all work queued on the context's stream is complete (a no-op on the CPU, whose
  * calls are synchronous). */
 KVARN_API kvarn_status_t kvarn_context_synchronize(kvarn_context_t* context);
+/* The context's error word, for engines that never synchronize through libkvarn: an int32 in the
+ * context's memory (device memory on GPU contexts) that holds the kvarn_status_t of the first
+ * data error a kernel found in device memory (a call without launch->seq_status, or any call of
+ * the non-run layer-2 API) since that error was last reported, and 0 while there is none. Kernels
+ * set it on the context's stream as they run, so the engine can read it asynchronously (a copy
+ * to pinned memory on its own schedule, or a kernel of its own captured in the same graph). The
+ * error, with its message, is still reported by the context's next kvarn_context_synchronize or
+ * kvarn_memory_copy, which also clears the word. The pointer is valid until the context is
+ * destroyed. On the CPU every error is returned by its own call and the word stays 0. */
+KVARN_API kvarn_status_t kvarn_context_error_word(kvarn_context_t* context,
+                                                  const int32_t** out_word);
 
 /* ---------------------------------------------------------------------------------------------
  * Configurations (docs/FORMAT.md sections 2-7)

@@ -398,6 +398,12 @@ extern "C" {
 extern "C" {
     pub fn kvarn_context_synchronize(context: *mut kvarn_context_t) -> kvarn_status_t;
 }
+extern "C" {
+    pub fn kvarn_context_error_word(
+        context: *mut kvarn_context_t,
+        out_word: *mut *const i32,
+    ) -> kvarn_status_t;
+}
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct kvarn_config {
