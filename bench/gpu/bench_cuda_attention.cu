@@ -5,11 +5,14 @@
 //
 //   bench_cuda_attention [--quick] [--csv FILE] [--shape BATCH CTX [NEW_TOKENS]]
 //                        [--preset P] [--head-dim D] [--heads HQ HK] [--decode-grid]
-//                        [--no-read-bw] [--graph]
+//                        [--no-read-bw] [--graph] [--window W] [--sinks] [--softcap C]
 //
 // --graph: decode shapes run through the plan/run calls captured in a CUDA graph, one attention
 // call per replay (as an engine replays its step; sdpa_baseline.py --graph does the same).
 // --decode-grid: decode at batch 1, 8, 32 over 1k, 4k, 32k and 128k tokens (the issue's grid).
+// --window W, --sinks, --softcap C: the model variants (docs/API.md "Model variants"); their GPU
+// path is experimental (the bench sets KVARN_CUDA_EXPERIMENTAL_VARIANTS=1), and "MB read" counts
+// only the tiles a window reaches (sdpa_baseline.py --window reads the same keys in fp16).
 // The defaults are the design point: k4v2_g128, D 128, 32 query and 8 KV heads.
 //
 // The pools hold real records: a few hundred tiles of synthetic K/V are quantized through
@@ -85,6 +88,9 @@ int main(int argc, char** argv) {
   const char* preset = "k4v2_g128";
   int D = 128, Hq = 32, Hk = 8;
   bool decode_grid = false, read_bw_wanted = true, graph = false;
+  int window = 0;
+  bool with_sinks = false;
+  float softcap = 0.f;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--decode-grid")) decode_grid = true;
@@ -97,6 +103,9 @@ int main(int argc, char** argv) {
       Hk = std::atoi(argv[++i]);
     }
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+    if (!std::strcmp(argv[i], "--window") && i + 1 < argc) window = std::atoi(argv[++i]);
+    if (!std::strcmp(argv[i], "--sinks")) with_sinks = true;
+    if (!std::strcmp(argv[i], "--softcap") && i + 1 < argc) softcap = std::atof(argv[++i]);
     if (!std::strcmp(argv[i], "--shape") && i + 2 < argc) {  // one shape (profiling)
       only_batch = std::atoi(argv[++i]);
       only_ctx = std::atoi(argv[++i]);
@@ -122,6 +131,19 @@ int main(int argc, char** argv) {
   std::printf("device read bandwidth (read-only kernel, 4 GB): %.2f TB/s%s\n", read_bw / 1e12,
               read_bw_wanted ? "" : " (not measured: --no-read-bw)");
   std::printf("%s D%d Hq %d Hk %d\n", preset, D, Hq, Hk);
+  const bool variants = window > 0 || with_sinks || softcap > 0.f;
+  void* sinks = nullptr;
+  if (variants) {
+    setenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS", "1", 1);  // the variants' GPU path is experimental
+    std::printf("variants: window %d, sinks %s, softcap %g (experimental GPU path)\n", window,
+                with_sinks ? "yes" : "no", softcap);
+    if (with_sinks) {
+      std::vector<float> h(Hq);
+      for (int h_i = 0; h_i < Hq; ++h_i) h[h_i] = 0.5f + 0.1f * static_cast<float>(h_i % 7);
+      CHECK_KV(kvarn_memory_alloc(ctx, h.size() * 4, &sinks));
+      CHECK_KV(kvarn_memory_copy(ctx, sinks, h.data(), h.size() * 4, KVARN_COPY_HOST_TO_DEVICE));
+    }
+  }
 
   std::vector<Shape> shapes;
   for (int b : {1, 8, 32}) {
@@ -210,6 +232,9 @@ int main(int argc, char** argv) {
     kvarn_attention_params_t p;
     kvarn_attention_params_defaults(&p);
     p.num_q_heads = Hq;
+    p.sinks = static_cast<const float*>(sinks);
+    p.sliding_window = window;
+    p.logit_softcap = softcap;
     p.q_dtype = KVARN_DTYPE_F16;
     p.out_dtype = KVARN_DTYPE_F16;
     p.q_indptr = s.nq > 1 ? q_indptr.data() : nullptr;
@@ -278,8 +303,14 @@ int main(int argc, char** argv) {
     }
     std::sort(ms.begin(), ms.end());
     const double t = ms[ms.size() / 2];
-    const double bytes =
-        double(s.batch) * Hk * (double(rec_tiles) * rb + 2.0 * (s.ctx - rec_tiles * G) * D * 2);
+    // Bytes of the tiles the call reads: all of them, or from the first query's window on.
+    const int first_key = window > 0 ? std::max(0, s.ctx - s.nq - window + 1) : 0;
+    double per_head = 0;
+    for (int t = first_key / G; t < tiles; ++t) {
+      const bool is_record = t >= cfg.sink_tiles && t < cfg.sink_tiles + rec_tiles;
+      per_head += is_record ? double(rb) : 2.0 * std::min(G, s.ctx - t * G) * D * 2;
+    }
+    const double bytes = double(s.batch) * Hk * per_head;
     const double bw = bytes / (t * 1e-3);
     std::printf("%6d %7d%s %9.4f %10.1f %8.3f %7.1f%% %7.1f%%  %s\n", s.batch, s.ctx,
                 s.nq > 1 ? (" q" + std::to_string(s.nq)).c_str() : "", t, bytes / 1e6, bw / 1e12,
@@ -294,6 +325,7 @@ int main(int argc, char** argv) {
     }
   }
   if (csv) std::fclose(csv);
+  if (sinks) kvarn_memory_free(ctx, sinks);
   kvarn_context_destroy(ctx);
   return 0;
 }

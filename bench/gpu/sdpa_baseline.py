@@ -4,11 +4,14 @@ in the same run as bench_cuda_attention. Decode: q [B, 32, 1, 128] over K/V [B, 
 Extend: 2048 new queries over 32768 + 2048 keys, causal aligned to the end (lower right).
 
     python3 bench/gpu/sdpa_baseline.py [--quick] [--csv FILE] [--head-dim D] [--heads HQ HK]
-                                       [--decode-grid] [--graph]
+                                       [--decode-grid] [--graph] [--window W]
 
 The same shape options as bench_cuda_attention (--preset is accepted and ignored: fp16 has none).
 --decode-grid: decode at batch 1, 8, 32 over 1k, 4k, 32k and 128k tokens. --graph: time replays
 of a CUDA graph of the call (decode), as an engine runs it, instead of eager calls.
+--window W: a sliding-window layer's fp16 cost, attention over the last W + nq - 1 keys (what a
+windowed flash kernel reads; decode exact, extend with the causal mask over them), to compare with
+bench_cuda_attention --window W. Sinks and softcap add no reads and are not modelled.
 """
 import argparse
 import sys
@@ -64,6 +67,7 @@ def main():
     ap.add_argument("--heads", type=int, nargs=2, default=(32, 8), metavar=("HQ", "HK"))
     ap.add_argument("--decode-grid", action="store_true")
     ap.add_argument("--graph", action="store_true")
+    ap.add_argument("--window", type=int, default=0)
     a = ap.parse_args()
     warnings.filterwarnings("ignore", category=UserWarning)  # "kernel not used because"
     torch.manual_seed(0)
@@ -78,12 +82,13 @@ def main():
     print(f"{'batch':>6} {'ctx':>7} {'nq':>5} " + " ".join(f"{n:>10}" for n in BACKENDS))
     for b, c, nq in shapes:
         q = torch.randn(b, hq, nq, d, device="cuda", dtype=torch.float16)
-        k = torch.randn(b, hk, c, d, device="cuda", dtype=torch.float16)
-        v = torch.randn(b, hk, c, d, device="cuda", dtype=torch.float16)
+        keys = min(c, a.window + nq - 1) if a.window > 0 else c  # the keys the layer reads
+        k = torch.randn(b, hk, keys, d, device="cuda", dtype=torch.float16)
+        v = torch.randn(b, hk, keys, d, device="cuda", dtype=torch.float16)
         mask = None
         if nq > 1:
             from torch.nn.attention.bias import causal_lower_right
-            mask = causal_lower_right(nq, c)
+            mask = causal_lower_right(nq, keys)
         cells = []
         for name, be in BACKENDS.items():
             try:
