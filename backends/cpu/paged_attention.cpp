@@ -158,6 +158,15 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
   const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads, Hq = args.num_q_heads;
   const int group = Hq / Hk;
   const Kernels& K = KernelsFor(ctx->isa);
+  // Sink logits are host memory on this backend: a non-finite one fails the call
+  // before anything (a sequence's status entry included) is written.
+  if (args.sinks != nullptr) {
+    for (int h = 0; h < Hq; ++h) {
+      if (!std::isfinite(args.sinks[h])) {
+        return InvalidArgument("sinks[" + std::to_string(h) + "] is not finite");
+      }
+    }
+  }
   // Query token ranges per sequence.
   std::vector<int64_t> q_begin(kv.batch + 1);
   for (int b = 0; b <= kv.batch; ++b) q_begin[b] = args.q_indptr ? args.q_indptr[b] : b;
@@ -201,14 +210,6 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
     max_tiles = static_cast<int>(std::max<int64_t>(max_tiles, tiles - std::min(first, tiles)));
   }
   const int splits = NumSplits(args, max_tiles);
-  // Sink logits are host memory on this backend: a non-finite one fails the call.
-  if (args.sinks != nullptr) {
-    for (int h = 0; h < Hq; ++h) {
-      if (!std::isfinite(args.sinks[h])) {
-        return InvalidArgument("sinks[" + std::to_string(h) + "] is not finite");
-      }
-    }
-  }
   const ScoreParams score{args.scale, args.logit_softcap};
 
   // Rotated queries in fp32 (q' = q H when K is rotated), for the sequences that take part.
