@@ -486,7 +486,8 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
   const int group = args.num_q_heads / num_kv_heads;
   Plan p;
   const int max_rows = max_q * group;
-  // The model variants run on the general kernel only (for now).
+  // The general kernel: forced (KVARN_CUDA_ATTENTION=generic, tests compare the two), or the
+  // model variants, which only it runs (for now).
   const bool general = ForcedGeneric() || args.has_variant();
   p.decode_chunks_per_seq = std::max(1, (max_rows + kRows - 1) / kRows);
   p.extend = extend && !general && ExtendShape(State(ctx), cfg, max_rows);
@@ -595,14 +596,8 @@ bool MmaShape(const CudaState* st, const Config& cfg) {
          static_cast<size_t>(info.record_bytes) == cfg.record_bytes();
 }
 
-// The tensor-core kernels take their shapes on sm_80+ when every pointer they read with 16-byte
-// copies is 16-byte aligned; KVARN_CUDA_ATTENTION=generic forces the general kernel (tests
-// compare the two). On sm_90 the record ring is fed by bulk copies; KVARN_CUDA_RING=cpasync
-// forces the sm_80 cp.async ring there (tests run both).
-bool UseMmaKernel(const CudaState* st, const Config& cfg, const PagedKV& kv) {
-  return !ForcedGeneric() && MmaShape(st, cfg) && PoolsAligned16(kv);
-}
-
+// On sm_90 the record ring is fed by bulk copies; KVARN_CUDA_RING=cpasync forces the sm_80
+// cp.async ring there (tests run both).
 bool UseBulkRing(const CudaState* st) {
   static const bool forced_cpasync = EnvEquals("KVARN_CUDA_RING", "cpasync");
   return st->cc_major >= 9 && !forced_cpasync;
@@ -660,7 +655,6 @@ Status LaunchMma(CudaState* st, const Config& cfg, AttnParams& P, dim3 grid) {
 #else  // no tensor-core kernel (HIP): the general kernel takes every shape
 
 bool MmaShape(const CudaState*, const Config&) { return false; }
-bool UseMmaKernel(const CudaState*, const Config&, const PagedKV&) { return false; }
 int MmaCtasPerSm(CudaState*, const Config&) { return 1; }
 int ExtendCtasPerSm(CudaState*, int) { return 1; }
 template <int G>
@@ -752,10 +746,11 @@ AttnParams MakeParams(CudaState* st, const Config& cfg, const PagedKV& kv,
 // Every work item of a valid row writes its split's partial, an empty split as m = -inf.
 Status LaunchAttention(CudaState* st, const Config& cfg, const PagedKV& kv, const Plan& plan,
                        AttnParams& P) {
-  // Every kernel addresses q and out rows by their strides (RowElement). The variants run on
-  // the general kernel only.
-  const bool variants = P.sinks != nullptr || P.window > 0 || P.softcap > 0.f || P.prefix;
-  const bool mma = !variants && UseMmaKernel(st, cfg, kv);
+  // Every kernel addresses q and out rows by their strides (RowElement). The plan chose the
+  // tensor-core kernels (its shape, no variant, no KVARN_CUDA_ATTENTION=generic); they take the
+  // call when every pointer they read with 16-byte copies is 16-byte aligned (a direct call
+  // over a misaligned pool falls back to the general kernel; a run is refused earlier).
+  const bool mma = plan.needs_aligned_pool && PoolsAligned16(kv);
   P.chunks_per_seq = plan.extend && mma ? plan.chunks_per_seq : plan.decode_chunks_per_seq;
   const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * P.chunks_per_seq);
   if (plan.extend && mma) {
