@@ -179,6 +179,9 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
   }
   // Which sequences take part: a bad one fails the call (no status array) or only itself.
   std::vector<char> skip(kv.batch, 0);
+  // The first tile a sequence's queries see (its first query's window start: windows only move
+  // forward); tiles before it are never read.
+  std::vector<int> first_tile(kv.batch, 0);
   int max_tiles = 0;
   for (int b = 0; b < kv.batch; ++b) {
     if (seq_status != nullptr && seq_status[b] != 0) {
@@ -203,11 +206,11 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
       skip[b] = 1;
       continue;
     }
-    // The tiles the sequence's queries see (in 64 bits: seq_lens[b] may be INT32_MAX): from
-    // the first query's window start (windows only move forward) to the end of the cache.
+    // The tiles the sequence's queries see (in 64 bits: seq_lens[b] may be INT32_MAX).
     const int64_t tiles = (int64_t{kv.seq_lens[b]} + G - 1) / G;
-    const int64_t first = VisibleKeys(args, kv.seq_lens[b], nq, 0).lo / G;
-    max_tiles = static_cast<int>(std::max<int64_t>(max_tiles, tiles - std::min(first, tiles)));
+    first_tile[b] =
+        static_cast<int>(std::min(tiles, VisibleKeys(args, kv.seq_lens[b], nq, 0).lo / G));
+    max_tiles = static_cast<int>(std::max<int64_t>(max_tiles, tiles - first_tile[b]));
   }
   const int splits = NumSplits(args, max_tiles);
   const ScoreParams score{args.scale, args.logit_softcap};
@@ -244,8 +247,7 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
     const int64_t N = kv.seq_lens[b];
     const int64_t nq = q_begin[b + 1] - q_begin[b];
     const int tiles = static_cast<int>((N + G - 1) / G);
-    const int first =
-        static_cast<int>(std::min<int64_t>(tiles, VisibleKeys(args, N, nq, 0).lo / G));
+    const int first = first_tile[b];
     const int per = (tiles - first + splits - 1) / splits;
     const int t0 = std::min(tiles, first + split * per), t1 = std::min(tiles, t0 + per);
     Partial& P = parts[item];
