@@ -19,6 +19,7 @@
 namespace {
 
 using kvt::AttnVariant;
+using kvt::VariantCase;
 
 constexpr double kTolRow = 1e-3;  // docs/FORMAT.md section 10, CPU, fp32 output
 constexpr double kTolLse = 1e-4;
@@ -37,26 +38,6 @@ kvt::ContextPtr IsaContext(kvarn_cpu_isa_t isa) {
 
 constexpr kvarn_cpu_isa_t kIsas[] = {KVARN_CPU_ISA_SCALAR, KVARN_CPU_ISA_AVX2, KVARN_CPU_ISA_AVX512,
                                      KVARN_CPU_ISA_NEON};
-
-std::vector<float> Sinks(kvt::Rng& rng, int Hq) {
-  // Learned sink logits of gpt-oss sit around the scores' own range (a few units).
-  std::vector<float> s(Hq);
-  for (float& x : s) x = static_cast<float>(1.5 * rng.Normal() + 1.0);
-  return s;
-}
-
-struct VariantCase {
-  const char* name;
-  const char* preset;
-  int D, Hk, group;
-  std::vector<int> lens;
-  std::vector<int> q_lens;  // empty = decode
-  int window;
-  float softcap;
-  bool sinks;
-  bool prefix;
-  float scale;  // 0 = 1/sqrt(D)
-};
 
 std::vector<VariantCase> Cases() {
   return {
@@ -164,38 +145,13 @@ std::vector<VariantCase> Cases() {
   };
 }
 
-// A case's cache (built through the public calls), variant and queries.
-struct CaseData {
-  kvt::PagedCache pc;
-  int Hq = 0;
-  AttnVariant v;
-  kvt::Queries q;
-};
-
-::testing::AssertionResult MakeCase(const VariantCase& c, kvt::Rng& rng, CaseData* s) {
-  auto ctx = kvt::MakeCpuContext(2);
-  const kvarn_config_t cfg = kvt::PresetConfig(c.preset, c.D);
-  kvt::PagedCacheSpec spec;
-  spec.num_kv_heads = c.Hk;
-  spec.lens = c.lens;
-  const ::testing::AssertionResult built = kvt::BuildPagedCache(ctx.get(), cfg, spec, rng, &s->pc);
-  if (!built) return built;
-  s->Hq = c.Hk * c.group;
-  if (c.sinks) s->v.sinks = Sinks(rng, s->Hq);
-  s->v.window = c.window;
-  s->v.softcap = c.softcap;
-  s->v.prefix = c.prefix;
-  s->q = kvt::MakeQueries(rng, c.q_lens, s->pc.batch, s->Hq, s->pc.D, KVARN_DTYPE_F32);
-  return ::testing::AssertionSuccess();
-}
-
 class Variants : public ::testing::TestWithParam<VariantCase> {};
 
 TEST_P(Variants, MatchFloat64AtEveryIsaAndSplit) {
   const VariantCase& c = GetParam();
   KVT_SEEDED_RNG(rng, 0);
-  CaseData s;
-  ASSERT_TRUE(MakeCase(c, rng, &s));
+  kvt::VariantCaseData s;
+  ASSERT_TRUE(kvt::MakeVariantCase(c, rng, 8, &s));
   int levels = 0;
   for (kvarn_cpu_isa_t isa : kIsas) {
     kvt::ContextPtr ctx = IsaContext(isa);
@@ -229,8 +185,8 @@ TEST_P(Variants, DifferFromTheSameModeWithoutThem) {
     GTEST_SKIP() << "nothing but the mode (prefix mode is checked by the merge test)";
   }
   KVT_SEEDED_RNG(rng, 1);
-  CaseData s;
-  ASSERT_TRUE(MakeCase(c, rng, &s));
+  kvt::VariantCaseData s;
+  ASSERT_TRUE(kvt::MakeVariantCase(c, rng, 8, &s));
   auto ctx = kvt::MakeCpuContext(2);
   AttnVariant mode_only;
   mode_only.prefix = c.prefix;
@@ -244,7 +200,7 @@ TEST_P(Variants, DifferFromTheSameModeWithoutThem) {
 
 INSTANTIATE_TEST_SUITE_P(Cases, Variants, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<VariantCase>& info) {
-                           return std::string(info.param.name);
+                           return info.param.name;
                          });
 
 // Prefix mode over the cached prefix, merged by lse with attention over the new tokens (done
@@ -267,7 +223,7 @@ TEST(AttentionVariants, PrefixMergedWithNewTokenAttentionEqualsCausalExtend) {
     const int Hk = pc.Hk, group = 8, Hq = Hk * group, D = pc.D;
     const kvt::Queries q = kvt::MakeQueries(rng, q_lens, pc.batch, Hq, D, KVARN_DTYPE_F32);
     AttnVariant causal;
-    causal.sinks = Sinks(rng, Hq);
+    causal.sinks = kvt::SinkLogits(rng, Hq);
     causal.window = window;
     kvt::AttnOutput whole;
     ASSERT_TRUE(kvt::RunAttention(ctx.get(), pc, q, Hq, KVARN_DTYPE_F32, 0, 0.f, &whole, causal));
@@ -341,7 +297,7 @@ TEST(AttentionVariants, TilesOutsideEveryWindowAreNeverRead) {
     const kvt::Queries q = kvt::MakeQueries(rng, q_lens, pc.batch, Hq, pc.D, KVARN_DTYPE_F32);
     AttnVariant v;
     v.window = window;
-    v.sinks = Sinks(rng, Hq);
+    v.sinks = kvt::SinkLogits(rng, Hq);
     kvt::PagedCache poisoned = pc;
     int poisoned_tiles = 0;
     for (int b = 0; b < pc.batch; ++b) {
@@ -491,7 +447,7 @@ TEST(AttentionVariants, PlanRunAndManagedCacheCarryTheVariants) {
   const std::vector<int> q_lens = {30, 2, 1};
   const kvt::Queries q = kvt::MakeQueries(rng, q_lens, pc.batch, Hq, pc.D, KVARN_DTYPE_F32);
   AttnVariant v;
-  v.sinks = Sinks(rng, Hq);
+  v.sinks = kvt::SinkLogits(rng, Hq);
   v.window = 200;
   v.softcap = 8.f;
   kvt::AttnOutput direct;

@@ -351,16 +351,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(Cases()),
 // The model variants on the general kernel, behind KVARN_CUDA_EXPERIMENTAL_VARIANTS=1 until
 // this suite has passed on a device: gpt-oss, Gemma 2 and prefix shapes, windows around a tile,
 // against float64 and the CPU backend.
-struct VariantCase {
-  std::string name;
-  std::string preset;
-  int D, Hk, group;
-  std::vector<int> lens, q_lens;
-  int window;
-  float softcap;
-  bool sinks, prefix;
-  int splits;
-};
+using kvt::VariantCase;
 
 class CudaAttentionVariants : public ::testing::TestWithParam<VariantCase> {};
 
@@ -370,30 +361,21 @@ TEST_P(CudaAttentionVariants, MatchFloat64AndTheCpuBackend) {
   setenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS", "1", 1);
   auto cpu = kvt::MakeCpuContext();
   kvt::Rng rng(0xA11 + std::hash<std::string>{}(c.name));
-  const kvarn_config_t cfg = kvt::PresetConfig(c.preset, c.D);
-  kvt::PagedCacheSpec spec;
-  spec.num_kv_heads = c.Hk;
-  spec.lens = c.lens;
-  spec.stride_padding = 16;
-  kvt::PagedCache pc;
-  ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg, spec, rng, &pc));
-  const int Hq = c.Hk * c.group;
-  kvt::AttnVariant v;
-  for (int h = 0; h < (c.sinks ? Hq : 0); ++h) {
-    v.sinks.push_back(static_cast<float>(1.5 * rng.Normal() + 1.0));
-  }
-  v.window = c.window;
-  v.softcap = c.softcap;
-  v.prefix = c.prefix;
-  const kvt::Queries q = kvt::MakeQueries(rng, c.q_lens, pc.batch, Hq, c.D, KVARN_DTYPE_F32);
+  kvt::VariantCaseData data;
+  ASSERT_TRUE(kvt::MakeVariantCase(c, rng, 16, &data));  // aligned pools
+  kvt::PagedCache& pc = data.pc;
+  const int Hq = data.Hq;
+  const kvt::AttnVariant& v = data.v;
+  const kvt::Queries& q = data.q;
   DeviceCache dc(gpu.get(), pc);
   kvt::AttnOutput got, ref_cpu;
-  ASSERT_TRUE(RunCuda(gpu.get(), dc, pc, q, Hq, KVARN_DTYPE_F32, c.splits, 0.f, &got, v));
-  const kvt::AttnErrors e = kvt::CompareWithReference(cpu.get(), pc, q, Hq, 0.f, got, v);
+  ASSERT_TRUE(RunCuda(gpu.get(), dc, pc, q, Hq, KVARN_DTYPE_F32, c.splits, c.scale, &got, v));
+  const kvt::AttnErrors e = kvt::CompareWithReference(cpu.get(), pc, q, Hq, c.scale, got, v);
   EXPECT_LE(e.total, 2e-3);
   EXPECT_LE(e.worst_row, 1e-2);
   EXPECT_LE(e.worst_lse, 1e-4);
-  ASSERT_TRUE(kvt::RunAttention(cpu.get(), pc, q, Hq, KVARN_DTYPE_F32, c.splits, 0.f, &ref_cpu, v));
+  ASSERT_TRUE(
+      kvt::RunAttention(cpu.get(), pc, q, Hq, KVARN_DTYPE_F32, c.splits, c.scale, &ref_cpu, v));
   EXPECT_LE(kvt::OutputDistance(got, ref_cpu, q.total * Hq * c.D), 2e-3);
   std::printf("[ errors   ] %s: total %.2e, worst row %.2e, worst lse %.2e\n", c.name.c_str(),
               e.total, e.worst_row, e.worst_lse);
@@ -413,6 +395,7 @@ std::vector<VariantCase> VariantCases() {
        0,
        true,
        false,
+       0.f,
        0},
       {"gptoss_window_sinks_extend_split1",
        "k4v2_g128",
@@ -425,8 +408,21 @@ std::vector<VariantCase> VariantCases() {
        0,
        true,
        false,
+       0.f,
        1},
-      {"gptoss_full_sinks_split5", "k4v2_g128", 64, 2, 8, {300, 9000}, {}, 0, 0, true, false, 5},
+      {"gptoss_full_sinks_split5",
+       "k4v2_g128",
+       64,
+       2,
+       8,
+       {300, 9000},
+       {},
+       0,
+       0,
+       true,
+       false,
+       0.f,
+       5},
       {"gemma2_softcap_window",
        "k4v2_g128",
        256,
@@ -438,9 +434,34 @@ std::vector<VariantCase> VariantCases() {
        50.f,
        false,
        false,
+       0.f,
        0},
-      {"gemma3_window_k4v4", "k4v4_g128", 256, 2, 2, {3000, 700}, {}, 1024, 0, false, false, 0},
-      {"window_1_g64", "k4v2_g64", 128, 2, 3, {129, 500, 64}, {4, 2, 64}, 1, 0, false, false, 0},
+      {"gemma3_window_k4v4",
+       "k4v4_g128",
+       256,
+       2,
+       2,
+       {3000, 700},
+       {},
+       1024,
+       0,
+       false,
+       false,
+       0.f,
+       0},
+      {"window_1_g64",
+       "k4v2_g64",
+       128,
+       2,
+       3,
+       {129, 500, 64},
+       {4, 2, 64},
+       1,
+       0,
+       false,
+       false,
+       0.f,
+       0},
       {"window_129_k2v2",
        "k2v2_g128",
        128,
@@ -452,6 +473,7 @@ std::vector<VariantCase> VariantCases() {
        0,
        true,
        false,
+       0.f,
        0},
       {"prefix_window_sinks",
        "k8v8_g128",
@@ -464,8 +486,21 @@ std::vector<VariantCase> VariantCases() {
        0,
        true,
        true,
+       0.f,
        0},
-      {"prefix_decode_softcap", "k4v4_g128", 64, 2, 8, {257, 900}, {}, 0, 20.f, false, true, 3},
+      {"prefix_decode_softcap",
+       "k4v4_g128",
+       64,
+       2,
+       8,
+       {257, 900},
+       {},
+       0,
+       20.f,
+       false,
+       true,
+       0.f,
+       3},
   };
 }
 

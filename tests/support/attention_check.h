@@ -172,4 +172,55 @@ inline double OutputDistance(const AttnOutput& a, const AttnOutput& b, size_t n)
   return RelL2(Decode(a.out.data(), n, a.dtype), Decode(b.out.data(), n, b.dtype));
 }
 
+// Learned sink logits [Hq] around the scores' own range (a few units), as gpt-oss's.
+inline std::vector<float> SinkLogits(Rng& rng, int Hq) {
+  std::vector<float> s(Hq);
+  for (float& x : s) x = static_cast<float>(1.5 * rng.Normal() + 1.0);
+  return s;
+}
+
+// One shape of the model-variant suites (CPU: test_attention_variants.cpp; GPU:
+// test_cuda_attention.cpp): cache, variant and queries.
+struct VariantCase {
+  std::string name;
+  std::string preset;
+  int D, Hk, group;
+  std::vector<int> lens;
+  std::vector<int> q_lens;  // empty = decode
+  int window;
+  float softcap;
+  bool sinks;
+  bool prefix;
+  float scale = 0.f;  // 0 = 1/sqrt(D)
+  int splits = 0;     // num_splits (0 = automatic)
+};
+
+struct VariantCaseData {
+  PagedCache pc;
+  int Hq = 0;
+  AttnVariant v;
+  Queries q;
+};
+
+// The case's paged cache (built on a CPU context through the public calls; record_stride =
+// record bytes + stride_padding), its variant (fresh sink logits) and fp32 queries.
+inline ::testing::AssertionResult MakeVariantCase(const VariantCase& c, Rng& rng,
+                                                  size_t stride_padding, VariantCaseData* s) {
+  ContextPtr ctx = MakeCpuContext(2);
+  const kvarn_config_t cfg = PresetConfig(c.preset, c.D);
+  PagedCacheSpec spec;
+  spec.num_kv_heads = c.Hk;
+  spec.lens = c.lens;
+  spec.stride_padding = stride_padding;
+  const ::testing::AssertionResult built = BuildPagedCache(ctx.get(), cfg, spec, rng, &s->pc);
+  if (!built) return built;
+  s->Hq = c.Hk * c.group;
+  if (c.sinks) s->v.sinks = SinkLogits(rng, s->Hq);
+  s->v.window = c.window;
+  s->v.softcap = c.softcap;
+  s->v.prefix = c.prefix;
+  s->q = MakeQueries(rng, c.q_lens, s->pc.batch, s->Hq, s->pc.D, KVARN_DTYPE_F32);
+  return ::testing::AssertionSuccess();
+}
+
 }  // namespace kvt
