@@ -260,6 +260,22 @@ bool MakePools(kvarn_context_t* ctx, int64_t len, int batch, bool quantized, Poo
   return true;
 }
 
+// Times decode attention with params `ap` over the pools, `batch` random queries of
+// ap.num_q_heads heads (the benchmark's loop).
+void TimeDecode(benchmark::State& state, kvarn_context_t* ctx, Pools& p,
+                const kvarn_attention_params_t& ap, int batch) {
+  const auto q = Randn(static_cast<size_t>(batch) * ap.num_q_heads * p.D, 5);
+  std::vector<float> out(q.size());
+  kvarn_paged_kv_t kv = p.View();
+  for (auto _ : state) {
+    if (kvarn_paged_attention(ctx, &p.cfg, &kv, &ap, q.data(), out.data(), nullptr, nullptr, 0) !=
+        KVARN_OK) {
+      state.SkipWithError(kvarn_last_error());
+      break;
+    }
+  }
+}
+
 // Decode attention, Hq 32, Hk 8, D128; args: context tokens, batch, cache kind (0 = k4v2_g128
 // records + fp16 sink/tail, 1 = fp16 pages only: the uncompressed baseline), isa, threads
 // (0 = all cores; the 1-thread runs give per-core figures whose CPU time does not depend on
@@ -277,19 +293,10 @@ void BM_DecodeAttention(benchmark::State& state) {
     return;
   }
   const int Hq = 32;
-  const auto q = Randn(static_cast<size_t>(batch) * Hq * p.D, 5);
-  std::vector<float> out(q.size());
   kvarn_attention_params_t ap;
   kvarn_attention_params_defaults(&ap);
   ap.num_q_heads = Hq;
-  kvarn_paged_kv_t kv = p.View();
-  for (auto _ : state) {
-    if (kvarn_paged_attention(ctx, &p.cfg, &kv, &ap, q.data(), out.data(), nullptr, nullptr, 0) !=
-        KVARN_OK) {
-      state.SkipWithError(kvarn_last_error());
-      break;
-    }
-  }
+  TimeDecode(state, ctx, p, ap, batch);
   const double flops = 4.0 * batch * Hq * static_cast<double>(len) * p.D;
   state.counters["MB_read"] = p.bytes_read / 1e6;
   state.counters["read_GB/s"] =
@@ -337,23 +344,14 @@ void BM_DecodeAttentionVariant(benchmark::State& state) {
     return;
   }
   const int Hq = 32;
-  const auto q = Randn(static_cast<size_t>(Hq) * p.D, 5);
   const auto sinks = Randn(Hq, 6);
-  std::vector<float> out(q.size());
   kvarn_attention_params_t ap;
   kvarn_attention_params_defaults(&ap);
   ap.num_q_heads = Hq;
   ap.sliding_window = static_cast<int32_t>(state.range(1));
   ap.sinks = state.range(2) ? sinks.data() : nullptr;
   ap.logit_softcap = static_cast<float>(state.range(3));
-  kvarn_paged_kv_t kv = p.View();
-  for (auto _ : state) {
-    if (kvarn_paged_attention(ctx, &p.cfg, &kv, &ap, q.data(), out.data(), nullptr, nullptr, 0) !=
-        KVARN_OK) {
-      state.SkipWithError(kvarn_last_error());
-      break;
-    }
-  }
+  TimeDecode(state, ctx, p, ap, 1);
   std::string label = "k4v2_g128";
   if (ap.sliding_window > 0) label += " window " + std::to_string(ap.sliding_window);
   if (ap.sinks != nullptr) label += " sinks";
