@@ -348,9 +348,9 @@ TEST_P(CudaAttention, MatchesFloat64AndTheCpuReference) {
 INSTANTIATE_TEST_SUITE_P(Cases, CudaAttention, ::testing::ValuesIn(Cases()),
                          [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
 
-// The model variants on the general kernel, behind KVARN_CUDA_EXPERIMENTAL_VARIANTS=1 until
-// this suite has passed on a device: gpt-oss, Gemma 2 and prefix shapes, windows around a tile,
-// against float64 and the CPU backend.
+// The model variants on the kernel the plan chooses (the tensor-core decode family or extend
+// kernel; the general kernel under KVARN_CUDA_ATTENTION=generic): gpt-oss, Gemma 2/3 and prefix
+// shapes, windows around a tile, against float64 and the CPU backend.
 using kvt::VariantCase;
 
 class CudaAttentionVariants : public ::testing::TestWithParam<VariantCase> {};
@@ -358,7 +358,6 @@ class CudaAttentionVariants : public ::testing::TestWithParam<VariantCase> {};
 TEST_P(CudaAttentionVariants, MatchFloat64AndTheCpuBackend) {
   KVT_CUDA_CONTEXT_OR_SKIP(gpu);
   const VariantCase& c = GetParam();
-  setenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS", "1", 1);
   auto cpu = kvt::MakeCpuContext();
   kvt::Rng rng(0xA11 + std::hash<std::string>{}(c.name));
   kvt::VariantCaseData data;
@@ -379,7 +378,6 @@ TEST_P(CudaAttentionVariants, MatchFloat64AndTheCpuBackend) {
   EXPECT_LE(kvt::OutputDistance(got, ref_cpu, q.total * Hq * c.D), 2e-3);
   std::printf("[ errors   ] %s: total %.2e, worst row %.2e, worst lse %.2e\n", c.name.c_str(),
               e.total, e.worst_row, e.worst_lse);
-  unsetenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS");
 }
 
 std::vector<VariantCase> VariantCases() {
@@ -488,6 +486,46 @@ std::vector<VariantCase> VariantCases() {
        true,
        0.f,
        0},
+      // The tensor-core extend kernel (D128 k4v2, 32 or more rows per sequence).
+      {"extend_d128_window_sinks_softcap",
+       "k4v2_g128",
+       128,
+       2,
+       4,
+       {5000, 700, 64},
+       {64, 200, 40},
+       300,
+       30.f,
+       true,
+       false,
+       0.f,
+       0},
+      {"extend_d128_g64_prefix_window_split3",
+       "k4v2_g64",
+       128,
+       2,
+       2,
+       {3000, 129},
+       {100, 40},
+       500,
+       0,
+       true,
+       true,
+       0.f,
+       3},
+      {"d512_window_sinks",
+       "k2v2_g128",
+       512,
+       1,
+       4,
+       {4000, 300},
+       {},
+       1000,
+       0,
+       true,
+       false,
+       0.f,
+       0},
       {"prefix_decode_softcap",
        "k4v4_g128",
        64,
@@ -579,46 +617,40 @@ TEST(CudaAttentionErrors, SmallWorkspaceIsRejected) {
                            KVARN_ERR_BUFFER_TOO_SMALL, "workspace"));
 }
 
-// Until the variants' GPU path has passed on a device, the workspace query, the direct call and
-// plan creation refuse each of them with KVARN_ERR_UNSUPPORTED (never plain attention in their
-// place).
-TEST(CudaAttentionErrors, ModelVariantsAreRefusedNotIgnored) {
+// Every variant runs on the tensor-core kernels the plan would choose without it (no silent
+// fallback to the general kernel): decode on the decode family, extend (D128 k4v2, 32 or more
+// rows) on the extend kernel. KVARN_CUDA_ATTENTION=generic forces the general kernel.
+TEST(CudaAttentionVariantPlans, VariantsKeepTheTensorCoreKernels) {
   KVT_CUDA_CONTEXT_OR_SKIP(gpu);
-  unsetenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS");  // refused unless switched on
-  auto cpu = kvt::MakeCpuContext();
-  kvt::Rng rng(79);
+  const char* forced = std::getenv("KVARN_CUDA_ATTENTION");
+  if (forced != nullptr && std::string(forced) == "generic") GTEST_SKIP() << "general kernel forced";
   const kvarn_config_t cfg = kvt::PresetConfig("k4v2_g128", 128);
-  kvt::PagedCacheSpec spec;
-  spec.lens = {700};
-  kvt::PagedCache pc;
-  ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg, spec, rng, &pc));
-  DeviceCache dc(gpu.get(), pc);
-  DeviceBuffer dq(gpu.get(), 8 * 128 * 4), dout(gpu.get(), 8 * 128 * 4), dsinks(gpu.get(), 8 * 4);
-  for (int variant = 0; variant < 4; ++variant) {
-    SCOPED_TRACE("variant " + std::to_string(variant));
-    kvarn_attention_params_t p;
-    kvarn_attention_params_defaults(&p);
-    p.num_q_heads = 8;
-    if (variant == 0) p.sinks = static_cast<const float*>(dsinks.get());
-    if (variant == 1) p.sliding_window = 128;
-    if (variant == 2) p.logit_softcap = 30.f;
-    if (variant == 3) p.mode = KVARN_ATTENTION_PREFIX;
-    size_t ws = 0;
-    EXPECT_TRUE(
-        kvt::IsError(kvarn_paged_attention_workspace_size(gpu.get(), &pc.cfg, &dc.kv, &p, 1, &ws),
-                     KVARN_ERR_UNSUPPORTED, "CPU backend only"));
-    EXPECT_TRUE(kvt::IsError(kvarn_paged_attention(gpu.get(), &pc.cfg, &dc.kv, &p, dq.get(),
-                                                   dout.get(), nullptr, nullptr, 0),
-                             KVARN_ERR_UNSUPPORTED, "CPU backend only"));
-    kvarn_attention_shape_t shape;
-    kvarn_attention_shape_defaults(&shape);
-    shape.batch = 1;
-    shape.num_kv_heads = pc.Hk;
-    shape.max_blocks_per_seq = pc.max_blocks;
-    kvarn_attention_plan_t* plan = nullptr;
-    EXPECT_TRUE(kvt::IsError(kvarn_attention_plan_create(gpu.get(), &pc.cfg, &shape, &p, &plan),
-                             KVARN_ERR_UNSUPPORTED, "CPU backend only"));
-    EXPECT_EQ(plan, nullptr);
+  DeviceBuffer dsinks(gpu.get(), 32 * 4);
+  for (int variant = 0; variant < 5; ++variant) {
+    for (int max_q : {0, 64}) {  // decode, extend
+      SCOPED_TRACE("variant " + std::to_string(variant) + ", max_q " + std::to_string(max_q));
+      kvarn_attention_params_t p;
+      kvarn_attention_params_defaults(&p);
+      p.num_q_heads = 32;
+      if (variant == 1) p.sinks = static_cast<const float*>(dsinks.get());
+      if (variant == 2) p.sliding_window = 128;
+      if (variant == 3) p.logit_softcap = 30.f;
+      if (variant == 4) p.mode = KVARN_ATTENTION_PREFIX;
+      kvarn_attention_shape_t shape;
+      kvarn_attention_shape_defaults(&shape);
+      shape.batch = 4;
+      shape.num_kv_heads = 8;
+      shape.max_blocks_per_seq = 256;
+      shape.max_q_per_seq = max_q;
+      shape.max_total_q = max_q == 0 ? 0 : 4 * max_q;
+      kvarn_attention_plan_t* plan = nullptr;
+      ASSERT_EQ(kvarn_attention_plan_create(gpu.get(), &cfg, &shape, &p, &plan), KVARN_OK)
+          << kvarn_last_error();
+      const char* kernel = nullptr;
+      ASSERT_EQ(kvarn_attention_plan_kernel(plan, &kernel), KVARN_OK);
+      EXPECT_STREQ(kernel, max_q == 0 ? "cuda-tensor-core-decode" : "cuda-tensor-core-extend");
+      kvarn_attention_plan_destroy(plan);
+    }
   }
 }
 

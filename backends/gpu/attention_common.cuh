@@ -41,8 +41,8 @@ struct AttnParams {
   int32_t Hq, group;
   int32_t chunks_per_seq;
   float scale;
-  // Model variants (kvarn_attention_params_t; the general kernel and the merge only): sink
-  // logits [Hq] or NULL, window W (0 = full), softcap c (0 = off), prefix mode.
+  // Model variants (kvarn_attention_params_t, every kernel): sink logits [Hq] or NULL, window W
+  // (0 = full), softcap c (0 = off), prefix mode.
   const float* sinks;
   int32_t window;
   float softcap;
@@ -174,25 +174,63 @@ __device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, int chu
   return true;
 }
 
-// Row r of the chunk: its global output row (token * Hq + head; -1 for padding rows)
-// and the keys it may see, [lo, limit) (docs/FORMAT.md section 9.1: causal, aligned to the
-// sequence end, or after it in prefix mode; a sliding window raises lo; 0 for padding rows).
+// The keys query token i of the work item may see, [lo, limit) (docs/FORMAT.md section 9.1:
+// causal, aligned to the sequence end, or after it in prefix mode; a sliding window raises lo).
+__device__ __forceinline__ void TokenKeys(const AttnParams& P, const WorkItem& w, int i, int* lo,
+                                          int* limit) {
+  // In 64 bits: N + i may pass INT32_MAX in prefix mode.
+  const int64_t pos = P.prefix ? int64_t{w.N} + i : int64_t{w.N} - w.nq + i;
+  *limit = P.prefix ? w.N : static_cast<int>(pos + 1);
+  *lo = P.window > 0 ? static_cast<int>(max(min(pos - P.window + 1, int64_t{w.N}), int64_t{0})) : 0;
+}
+
+// Row r of the chunk: its global output row (token * Hq + head; -1 for padding rows) and the
+// keys it may see, [lo, limit) (both 0 for padding rows).
 __device__ __forceinline__ void SetRow(const AttnParams& P, const WorkItem& w, int r, int* qrow,
                                        int* limit, int* lo = nullptr) {
   int first = 0;
   if (r < w.nrows) {
     const int row = w.row0 + r, i = row / P.group, g = row % P.group;
     qrow[r] = (w.q0 + i) * P.Hq + w.h * P.group + g;
-    // In 64 bits: N + i may pass INT32_MAX in prefix mode.
-    const int64_t pos = P.prefix ? int64_t{w.N} + i : int64_t{w.N} - w.nq + i;
-    limit[r] = P.prefix ? w.N : static_cast<int>(pos + 1);
-    if (P.window > 0) first = static_cast<int>(min(pos - P.window + 1, int64_t{w.N}));
-    first = max(first, 0);
+    TokenKeys(P, w, i, &first, &limit[r]);
   } else {
     qrow[r] = -1;
     limit[r] = 0;
   }
   if (lo != nullptr) lo[r] = first;
+}
+
+// The first tile a work item's rows may see: its first row (the chunk's earliest query token)
+// has the smallest window start. Splits count tiles from here, so a window layer's CTAs share its
+// window, not its whole context (PlanFor sizes them with VisibleTiles).
+__device__ __forceinline__ int FirstVisibleTile(const AttnParams& P, const WorkItem& w, int G) {
+  int lo = 0, limit = 0;
+  TokenKeys(P, w, w.row0 / P.group, &lo, &limit);
+  return lo / G;
+}
+
+// A score after the logit softcap c: c tanh(s / c). The tensor-core kernels keep their scores in
+// the log2 domain (times log2 e), where the same formula holds with c log2 e. tanh(y) as
+// 1 - 2 / (e^2y + 1) from the approximate exp2 and reciprocal: a few instructions and no branch
+// in the kernels' unrolled score loops (tanhf spills their registers), with an absolute error
+// near 1e-7, which is what a softmax sees of a logit (c * 1e-7; scores are fp32 to ~1e-7 of
+// their size anyway). Saturates to +-c; a NaN stays NaN (masked later where it may occur).
+__device__ __forceinline__ float Softcap(float s, float c) {
+  const float e = exp2f(2.8853900817779268f * __fdividef(s, c));  // e^(2 s / c)
+  return c * (1.f - __fdividef(2.f, e + 1.f));
+}
+
+// Folds a sink logit (a softmax denominator term with no value; -inf = none) into a row's
+// running max m and sum l, all in one domain (natural or log2, by `exp`); returns the factor
+// the row's accumulated values take.
+template <class Exp>
+__device__ __forceinline__ float FoldSink(float sink, float* m, float* l, Exp exp) {
+  if (sink == -INFINITY) return 1.f;
+  const float m_new = fmaxf(*m, sink);
+  const float alpha = *m == -INFINITY ? 0.f : exp(*m - m_new);
+  *l = *l * alpha + exp(sink - m_new);
+  *m = m_new;
+  return alpha;
 }
 
 // Element (global row `row` = token * Hq + head, channel d) of q or out, whose tokens are

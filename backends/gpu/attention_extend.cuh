@@ -61,7 +61,7 @@ struct ExtendSmem {
   float q[kCtaRows * kD];
   float ka[kD], kz[kD];  // the tile's key channel scales and zeros (pages: 1, 0)
   float kc[G];           // its key token scales by token position (pages: 1)
-  int qrow[kCtaRows], limit[kCtaRows];
+  int qrow[kCtaRows], limit[kCtaRows], lo[kCtaRows];  // rows and their keys [lo, limit)
 };
 
 // Token t's position inside its group of 8 (nibbles k and k+4 of a word side by side), and back.
@@ -201,10 +201,12 @@ struct RowState {
   float o[kD / 8][4];  // O fragments: n-tile nt = channel positions 8nt + 2c, +1
 };
 
-// One warp's pass over the tile in ks/vs (keys from key0): scores, softmax, values.
+// One warp's pass over the tile in ks/vs (keys from key0): scores, softcap (cap2 = c log2 e;
+// 0 = off), softmax, values. kMask: some key of the tile lies outside some key range [lo, limit)
+// of the warp's rows r0 (lanes' rows g) and r0 + 8.
 template <int G, bool kMask>
 __device__ __forceinline__ void WarpTile(const ExtendSmem<G>& S, const float4* qfrag, int key0,
-                                         int lim0, int lim1, RowState& R) {
+                                         int r0, float cap2, RowState& R) {
   using L = Layout<G>;
   constexpr int NT = L::kNT;
   const int lane = threadIdx.x % kWarpSize, c = lane & 3;
@@ -256,17 +258,30 @@ __device__ __forceinline__ void WarpTile(const ExtendSmem<G>& S, const float4* q
   // 8nt + c and 8nt + c + 4.
   const float2* kc = reinterpret_cast<const float2*>(S.kc);
   float mx0 = -INFINITY, mx1 = -INFINITY;
+  int lim0 = 0, lim1 = 0, lo0 = 0, lo1 = 0;
+  if (kMask) {
+    lim0 = S.limit[r0];
+    lim1 = S.limit[r0 + 8];
+    lo0 = S.lo[r0];
+    lo1 = S.lo[r0 + 8];
+  }
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     const float2 ct = kc[4 * nt + c];
     float v0 = ct.x * (s[nt][0] + qz0), v1 = ct.y * (s[nt][1] + qz0);
     float v2 = ct.x * (s[nt][2] + qz1), v3 = ct.y * (s[nt][3] + qz1);
+    if (cap2 > 0.f) {
+      v0 = Softcap(v0, cap2);
+      v1 = Softcap(v1, cap2);
+      v2 = Softcap(v2, cap2);
+      v3 = Softcap(v3, cap2);
+    }
     if (kMask) {
       const int t0 = key0 + 8 * nt + c, t1 = t0 + 4;
-      v0 = t0 < lim0 ? v0 : -INFINITY;
-      v1 = t1 < lim0 ? v1 : -INFINITY;
-      v2 = t0 < lim1 ? v2 : -INFINITY;
-      v3 = t1 < lim1 ? v3 : -INFINITY;
+      v0 = t0 < lim0 && t0 >= lo0 ? v0 : -INFINITY;
+      v1 = t1 < lim0 && t1 >= lo0 ? v1 : -INFINITY;
+      v2 = t0 < lim1 && t0 >= lo1 ? v2 : -INFINITY;
+      v3 = t1 < lim1 && t1 >= lo1 ? v3 : -INFINITY;
     }
     s[nt][0] = v0;
     s[nt][1] = v1;
@@ -355,13 +370,14 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
   WorkItem w;
   if (!ReadWorkItem(P, G, kCtaRows, &w)) return;
   const int split = w.split, h = w.h, b = w.b, N = w.N;
-  const int t_begin = split * P.tiles_per_split;
+  // Tiles wholly before the first row's window are never read.
+  const int t_begin = FirstVisibleTile(P, w, G) + split * P.tiles_per_split;
   const int t_end = min(w.tiles, t_begin + P.tiles_per_split);
   const int ntiles = max(0, t_end - t_begin);
   const int r_lo = max(t_begin, P.sink_tiles), r_hi = min(t_end, P.sink_tiles + w.rt);
   const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
 
-  if (tid < kCtaRows) SetRow(P, w, tid, S.qrow, S.limit);
+  if (tid < kCtaRows) SetRow(P, w, tid, S.qrow, S.limit, S.lo);
   __syncthreads();
   // The first record loads while the queries are set up.
   IssueTile<G>(P, S, table, t_begin, ntiles, r_lo, r_hi, h, 0);
@@ -397,17 +413,25 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
   }
   const float4* qfrag = reinterpret_cast<const float4*>(qslice);
   const int r0 = 16 * warp + g, r1 = r0 + 8;
-  const int lim0 = S.limit[r0], lim1 = S.limit[r1];
-  // The warp's smallest and largest key limits over its valid rows: no mask below the one,
-  // nothing to do from the other on.
-  int lmin = INT_MAX, lmax = 0;
-  if (S.qrow[r0] >= 0) lmin = min(lmin, lim0), lmax = max(lmax, lim0);
-  if (S.qrow[r1] >= 0) lmin = min(lmin, lim1), lmax = max(lmax, lim1);
+  // The warp's key ranges over its valid rows: no mask for a tile inside [lo_max, lmin), nothing
+  // to do for one wholly outside [lo_min, lmax).
+  int lmin = INT_MAX, lmax = 0, lo_min = INT_MAX, lo_max = 0;
+  if (S.qrow[r0] >= 0) {
+    lmin = min(lmin, S.limit[r0]), lmax = max(lmax, S.limit[r0]);
+    lo_min = min(lo_min, S.lo[r0]), lo_max = max(lo_max, S.lo[r0]);
+  }
+  if (S.qrow[r1] >= 0) {
+    lmin = min(lmin, S.limit[r1]), lmax = max(lmax, S.limit[r1]);
+    lo_min = min(lo_min, S.lo[r1]), lo_max = max(lo_max, S.lo[r1]);
+  }
 #pragma unroll
   for (int o = 4; o < 32; o *= 2) {
     lmin = min(lmin, __shfl_xor_sync(kFullMask, lmin, o));
     lmax = max(lmax, __shfl_xor_sync(kFullMask, lmax, o));
+    lo_min = min(lo_min, __shfl_xor_sync(kFullMask, lo_min, o));
+    lo_max = max(lo_max, __shfl_xor_sync(kFullMask, lo_max, o));
   }
+  const float cap2 = P.softcap * 1.4426950408889634f;
 
   RowState R;
   R.m[0] = R.m[1] = -INFINITY;
@@ -434,11 +458,11 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
     __syncthreads();  // ks/vs are ready; the stage is free for the next record
     IssueTile<G>(P, S, table, t_begin, ntiles, r_lo, r_hi, h, k + 1);
     const int key0 = tile * G;
-    if (ok && key0 < lmax) {
-      if (key0 + G > lmin) {
-        WarpTile<G, true>(S, qfrag, key0, lim0, lim1, R);
+    if (ok && key0 < lmax && key0 + G > lo_min) {
+      if (key0 + G > lmin || key0 < lo_max) {
+        WarpTile<G, true>(S, qfrag, key0, r0, cap2, R);
       } else {
-        WarpTile<G, false>(S, qfrag, key0, lim0, lim1, R);
+        WarpTile<G, false>(S, qfrag, key0, r0, cap2, R);
       }
     }
   }
@@ -483,9 +507,15 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
     }
     return;
   }
-  // One split: normalize into the warp's own slice (its query fragments are no longer read),
-  // un-rotate over the CTA, store.
-  const float inv0 = l0 > 0.f ? 1.f / l0 : 0.f, inv1 = l1 > 0.f ? 1.f / l1 : 0.f;
+  // One split: fold in the sink logits (log2 domain), normalize into the warp's own slice (its
+  // query fragments are no longer read), un-rotate over the CTA, store.
+  const auto exp2 = [](float x) { return exp2f(x); };
+  constexpr float kLog2e = 1.4426950408889634f;
+  const float a0 = FoldSink(P.sinks && q0 >= 0 ? P.sinks[q0 % P.Hq] * kLog2e : -INFINITY, &R.m[0],
+                            &l0, exp2);
+  const float a1 = FoldSink(P.sinks && q1 >= 0 ? P.sinks[q1 % P.Hq] * kLog2e : -INFINITY, &R.m[1],
+                            &l1, exp2);
+  const float inv0 = l0 > 0.f ? a0 / l0 : 0.f, inv1 = l1 > 0.f ? a1 / l1 : 0.f;
 #pragma unroll
   for (int nt = 0; nt < kD / 8; ++nt) {
     const int d0 = ChannelAt(8 * nt + 2 * c), d1 = ChannelAt(8 * nt + 2 * c + 1);

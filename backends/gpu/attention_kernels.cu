@@ -120,9 +120,9 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
   LoadQueries(P, S.qrow, D, P.scale, S.q);
   __syncthreads();
 
-  // Tiles wholly before the first row's window (row 0 has the smallest lo) are never read.
-  const int t_begin = max(split * P.tiles_per_split, S.lo[0] / G);
-  const int t_end = min(tiles, split * P.tiles_per_split + P.tiles_per_split);
+  // Tiles wholly before the first row's window are never read.
+  const int t_begin = FirstVisibleTile(P, w, G) + split * P.tiles_per_split;
+  const int t_end = min(tiles, t_begin + P.tiles_per_split);
   const int32_t* table = P.block_table + static_cast<size_t>(b) * P.max_blocks;
   const size_t page_elems = static_cast<size_t>(P.Hk) * G * D;
   const int warp = tid / kWarpSize, lane = tid % kWarpSize;
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
       }
       if (P.softcap > 0.f) {
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) s[r] = P.softcap * tanhf(s[r] / P.softcap);
+        for (int r = 0; r < kRows; ++r) s[r] = Softcap(s[r], P.softcap);
       }
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
@@ -305,19 +305,15 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(AttnParams P) {
   }
   // One split: fold in the sink logit (a denominator term with no value), normalize,
   // un-rotate, store.
-  if (P.sinks != nullptr && tid < kRows && S.qrow[tid] >= 0) {
-    const float sink = P.sinks[S.qrow[tid] % P.Hq];
-    const float m_new = fmaxf(S.m[tid], sink);
-    const float alpha = S.m[tid] == -INFINITY ? 0.f : __expf(S.m[tid] - m_new);
-    S.alpha[tid] = alpha;
-    S.l[tid] = S.l[tid] * alpha + __expf(sink - m_new);
-    S.m[tid] = m_new;
+  if (tid < kRows) {
+    const float sink =
+        P.sinks != nullptr && S.qrow[tid] >= 0 ? P.sinks[S.qrow[tid] % P.Hq] : -INFINITY;
+    S.alpha[tid] = FoldSink(sink, &S.m[tid], &S.l[tid], [](float x) { return __expf(x); });
   }
   __syncthreads();
   for (int idx = tid; idx < kRows * D; idx += kThreads) {
     const int r = idx / D;
-    const float a = P.sinks != nullptr && S.qrow[r] >= 0 ? S.alpha[r] : 1.f;
-    S.acc[idx] = S.l[r] > 0.f ? S.acc[idx] * a / S.l[r] : 0.f;
+    S.acc[idx] = S.l[r] > 0.f ? S.acc[idx] * S.alpha[r] / S.l[r] : 0.f;
   }
   if (P.v_rotate) BlockFwht(S.acc, kRows, D, P.log2D);
   __syncthreads();
@@ -486,14 +482,21 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
   const int group = args.num_q_heads / num_kv_heads;
   Plan p;
   const int max_rows = max_q * group;
-  // The general kernel: forced (KVARN_CUDA_ATTENTION=generic, tests compare the two), or the
-  // model variants, which only it runs (for now).
-  const bool general = ForcedGeneric() || args.has_variant();
+  // The general kernel when forced (KVARN_CUDA_ATTENTION=generic, tests compare the two).
+  const bool general = ForcedGeneric();
   p.decode_chunks_per_seq = std::max(1, (max_rows + kRows - 1) / kRows);
   p.extend = extend && !general && ExtendShape(State(ctx), cfg, max_rows);
   p.chunks_per_seq =
       p.extend ? (max_rows + kExtendCtaRows - 1) / kExtendCtaRows : p.decode_chunks_per_seq;
-  const int max_tiles = std::max(1, max_blocks);
+  // The tiles one work item may visit, counted from its first visible one (FirstVisibleTile):
+  // the whole table, or a sliding window plus the spread of the chunk's query tokens and a tile
+  // of misalignment at each end.
+  int max_tiles = std::max(1, max_blocks);
+  if (args.sliding_window > 0) {
+    const int64_t chunk_tokens = std::min(max_q, p.extend ? kExtendCtaRows : kRows);
+    const int64_t span = (int64_t{args.sliding_window} + chunk_tokens - 2) / cfg.G + 2;
+    max_tiles = static_cast<int>(std::min<int64_t>(max_tiles, span));
+  }
   const int64_t items = static_cast<int64_t>(batch) * num_kv_heads * p.chunks_per_seq;
   int splits = std::min({args.num_splits, max_tiles, 64});
   if (args.num_splits <= 0) {

@@ -103,7 +103,7 @@ struct Shape {
   // Shared memory besides the ring for `groups` record groups.
   static constexpr int FixedBytes(int groups) {
     return 8 * D * 4 /* q */ + D * 32 /* qf */ + groups * kChanWarps * kWarpBufBytes +
-           groups * 8 * 8 /* wm, wl */ + 8 * 16 /* m, l, limit, qrow */ + 16 * 16 /* barriers */ +
+           groups * 8 * 8 /* wm, wl */ + 8 * 24 /* m, l, limit, lo, qrow, alpha */ + 16 * 16 /* barriers */ +
            256 /* alignment */;
   }
   struct Choice {
@@ -360,17 +360,25 @@ struct WarpState {
   float acc[kKChunks][4];  // O^T fragments of the warp's channels (see RecordTile)
 };
 
-// Masks (kMask: some key of the tile is past some row's limit) and exponentiates the scores s
-// (C fragments of TM m-tiles; for records still to be multiplied by the token scales ct); writes
-// p * a'_t (or p) for rows n = 2c, 2c+1 to the warp's P buffer and returns in alpha the rescale
-// factors and in pzz the value-zero sums sum p z'_t of the two rows (0 for pages).
+// Applies the softcap (cap2 = c log2 e; 0 = off), masks (kMask: some key of the tile lies
+// outside some row's [lo, limit), the CTA's per-row arrays in shared memory) and exponentiates the
+// scores s (C fragments of TM m-tiles; for records still to be multiplied by the token scales ct);
+// writes p * a'_t (or p) for rows n = 2c, 2c+1 to the warp's P buffer and returns in alpha the
+// rescale factors and in pzz the value-zero sums sum p z'_t of the two rows (0 for pages).
 template <int TM, bool kMask>
 __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 * TM],
                                         const float (&va)[2 * TM], const float (&vz)[2 * TM],
-                                        bool is_record, int key0, int lim0, int lim1, int g, int c,
-                                        float (&m)[2], float (&l)[2], __half* pbuf,
-                                        float (&alpha)[2], float (&pzz)[2]) {
+                                        bool is_record, int key0, const int* limit, const int* lo,
+                                        float cap2, int g, int c, float (&m)[2], float (&l)[2],
+                                        __half* pbuf, float (&alpha)[2], float (&pzz)[2]) {
   float mx0 = -INFINITY, mx1 = -INFINITY;
+  int lim0 = 0, lim1 = 0, lo0 = 0, lo1 = 0;
+  if (kMask) {
+    lim0 = limit[2 * c];
+    lim1 = limit[2 * c + 1];
+    lo0 = lo[2 * c];
+    lo1 = lo[2 * c + 1];
+  }
 #pragma unroll
   for (int j = 0; j < TM; ++j) {
 #pragma unroll
@@ -382,9 +390,13 @@ __device__ __forceinline__ void Softmax(float (&s)[TM][4], const float (&ct)[2 *
         a *= ct[2 * j + e];
         b *= ct[2 * j + e];
       }
+      if (cap2 > 0.f) {
+        a = Softcap(a, cap2);
+        b = Softcap(b, cap2);
+      }
       if (kMask) {
-        a = key < lim0 ? a : -INFINITY;
-        b = key < lim1 ? b : -INFINITY;
+        a = key < lim0 && key >= lo0 ? a : -INFINITY;
+        b = key < lim1 && key >= lo1 ? b : -INFINITY;
       }
       s[j][2 * e] = a;
       s[j][2 * e + 1] = b;
@@ -497,14 +509,25 @@ __device__ __forceinline__ void SumGroupScores(float (&s)[S::TM][4], float* xs, 
   }
 }
 
+// The CTA's query rows as the tiles see them: per-row key ranges [lo, limit) in shared memory,
+// the smallest limit and largest window start over the valid rows (a tile within both needs no
+// mask), and the softcap in the log2 domain (0 = off).
+struct RowKeys {
+  const int* limit;
+  const int* lo;
+  int lim_min, lo_max;
+  float cap2;
+  __device__ __forceinline__ bool NeedsMask(int key0, int G) const {
+    return key0 + G > lim_min || key0 < lo_max;
+  }
+};
+
 // One warp's pass over a whole record tile (G tokens from key0) held in shared memory, for the
-// channels [cb, cb + kDw) of its slice. lim_min: the smallest key limit of the CTA's query rows
-// (no masking below it).
+// channels [cb, cb + kDw) of its slice.
 template <class S>
 __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* rec, const float* qf,
-                                           int key0, int lim0, int lim1, int lim_min, int cb,
-                                           float* xs, int u, int wl, __half* pbuf,
-                                           WarpState<S::kKChunks>& W) {
+                                           int key0, const RowKeys& rk, int cb, float* xs, int u,
+                                           int wl, __half* pbuf, WarpState<S::kKChunks>& W) {
   constexpr int TM = S::TM, KC = S::kKChunks, G = S::G, D = S::D, KB = S::KB, VB = S::VB;
   const int lane = threadIdx.x % kWarpSize, g = lane >> 2, c = lane & 3;
   // B fragments of the score product: (q' a) for row n = g, channels cb + 16i + c + 4r.
@@ -589,10 +612,12 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
   LoadTokenScales<TM>(rec + P.off_va, g, va);
   LoadTokenScales<TM>(rec + P.off_vz, g, vz);
   float alpha[2], pzz[2];
-  if (key0 + G > lim_min) {
-    Softmax<TM, true>(s, ct, va, vz, true, key0, lim0, lim1, g, c, W.m, W.l, pbuf, alpha, pzz);
+  if (rk.NeedsMask(key0, G)) {
+    Softmax<TM, true>(s, ct, va, vz, true, key0, rk.limit, rk.lo, rk.cap2, g, c, W.m, W.l, pbuf,
+                      alpha, pzz);
   } else {
-    Softmax<TM, false>(s, ct, va, vz, true, key0, lim0, lim1, g, c, W.m, W.l, pbuf, alpha, pzz);
+    Softmax<TM, false>(s, ct, va, vz, true, key0, rk.limit, rk.lo, rk.cap2, g, c, W.m, W.l, pbuf,
+                       alpha, pzz);
   }
 
   // Values: O^T[d, n] for the kDw/8 channels of thread group g, codes 2mt + e of its run.
@@ -661,7 +686,7 @@ __device__ __forceinline__ void RecordTile(const AttnParams& P, const uint8_t* r
 // the tile's tokens before the sequence end.
 template <class S>
 __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int valid,
-                                         const float* qs, int key0, int lim0, int lim1, int cb,
+                                         const float* qs, int key0, const RowKeys& rk, int cb,
                                          float* xs, int u, int wl, __half* pbuf,
                                          WarpState<S::kKChunks>& W) {
   constexpr int TM = S::TM, KC = S::kKChunks, D = S::D;
@@ -695,7 +720,8 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
   SumGroupScores<S>(s, xs, u, wl);
   float none[2 * TM];
   float alpha[2], pzz[2];
-  Softmax<TM, true>(s, none, none, none, false, key0, lim0, lim1, g, c, W.m, W.l, pbuf, alpha, pzz);
+  Softmax<TM, true>(s, none, none, none, false, key0, rk.limit, rk.lo, rk.cap2, g, c, W.m, W.l,
+                    pbuf, alpha, pzz);
   float o[KC][4];
 #pragma unroll
   for (int mt = 0; mt < KC; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
@@ -754,7 +780,8 @@ struct MmaSmem {
   alignas(16) unsigned char wbuf[S::kWarps][S::kWarpBufBytes];  // per-warp P / partial scores
   float wm[S::kGroups][kRows], wl[S::kGroups][kRows];
   float m[kRows], l[kRows];
-  int limit[kRows], qrow[kRows];
+  int limit[kRows], lo[kRows], qrow[kRows];
+  float alpha[kRows];  // the sink's rescale of a row's values (one split)
   uint64_t full[S::kStages];   // the stage's record has landed
   uint64_t empty[S::kStages];  // the stage's group is done with it
   int issued[S::kStages];      // the record whose copy into the stage was started last
@@ -807,7 +834,8 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
   WorkItem w;
   if (!ReadWorkItem(P, G, kRows, &w)) return;
   const int split = w.split, h = w.h, b = w.b, N = w.N, rt = w.rt, tiles = w.tiles;
-  const int t_begin = split * P.tiles_per_split;
+  // Tiles wholly before the first row's window are never read.
+  const int t_begin = FirstVisibleTile(P, w, G) + split * P.tiles_per_split;
   const int t_end = min(tiles, t_begin + P.tiles_per_split);
   // The record tiles of this split, [r_lo, r_hi); the others in [t_begin, t_end) are pages.
   const int r_lo = max(t_begin, P.sink_tiles), r_hi = min(t_end, P.sink_tiles + rt);
@@ -828,7 +856,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
     }
     BarrierInitFence();
   }
-  if (tid < kRows) SetRow(P, w, tid, M.qrow, M.limit);
+  if (tid < kRows) SetRow(P, w, tid, M.qrow, M.limit, M.lo);
   __syncthreads();
   // Start the ring: its first copies overlap the query setup and the page tiles.
   for (int k = warp; k < min(nrec, S::kStages); k += S::kWarps) {
@@ -846,9 +874,13 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
   W.l[0] = W.l[1] = 0.f;
 #pragma unroll
   for (int mt = 0; mt < KC; ++mt) W.acc[mt][0] = W.acc[mt][1] = W.acc[mt][2] = W.acc[mt][3] = 0.f;
-  const int lim0 = M.limit[2 * c], lim1 = M.limit[2 * c + 1];
-  int lim_min = INT_MAX;  // padding rows are never stored: they need no mask
-  for (int r = 0; r < kRows; ++r) lim_min = M.qrow[r] >= 0 ? min(lim_min, M.limit[r]) : lim_min;
+  // Padding rows are never stored: they need no mask.
+  RowKeys rk{M.limit, M.lo, INT_MAX, 0, P.softcap * 1.4426950408889634f};
+  for (int r = 0; r < kRows; ++r) {
+    if (M.qrow[r] < 0) continue;
+    rk.lim_min = min(rk.lim_min, M.limit[r]);
+    rk.lo_max = max(rk.lo_max, M.lo[r]);
+  }
   const size_t page_elems = static_cast<size_t>(P.Hk) * G * D;
   __half* pbuf = reinterpret_cast<__half*>(M.wbuf[warp]);
   float* xs = reinterpret_cast<float*>(M.wbuf[u * S::kChanWarps]);  // the group's buffers
@@ -867,7 +899,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
     const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * D;
     PageTile<S>(reinterpret_cast<const __half*>(P.k_pages) + off,
                 reinterpret_cast<const __half*>(P.v_pages) + off, min(G, N - tile * G), M.q,
-                tile * G, lim0, lim1, cb, xs, u, wl, pbuf, W);
+                tile * G, rk, cb, xs, u, wl, pbuf, W);
   }
 
   // Record tiles from the ring. After the group's `empty` arrivals its first warp refills the
@@ -886,8 +918,7 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
     const int tile = r_lo + k;
     const int id = table[tile];
     if (id >= 0 && id < P.num_record_blocks) {
-      RecordTile<S>(P, M.u.ring[stage], M.qf, tile * G, lim0, lim1, lim_min, cb, xs, u, wl, pbuf,
-                    W);
+      RecordTile<S>(P, M.u.ring[stage], M.qf, tile * G, rk, cb, xs, u, wl, pbuf, W);
     } else if (reporter) {
       ReportAttentionError(P, b, kErrBlockTable, tile);
     }
@@ -961,9 +992,17 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
     }
     return;
   }
+  // One split: fold in the sink logit (log2 domain), normalize, un-rotate, store.
+  if (tid < kRows) {
+    const float sink = P.sinks != nullptr && M.qrow[tid] >= 0
+                           ? P.sinks[M.qrow[tid] % P.Hq] * 1.4426950408889634f
+                           : -INFINITY;
+    M.alpha[tid] = FoldSink(sink, &M.m[tid], &M.l[tid], [](float x) { return exp2f(x); });
+  }
+  __syncthreads();
   for (int idx = tid; idx < kRows * D; idx += blockDim.x) {
     const int r = idx / D;
-    out[idx] = M.l[r] > 0.f ? out[idx] / M.l[r] : 0.f;
+    out[idx] = M.l[r] > 0.f ? out[idx] * M.alpha[r] / M.l[r] : 0.f;
   }
   if (P.v_rotate) BlockFwht(out, kRows, D, P.log2D);
   for (int idx = tid; idx < kRows * D; idx += blockDim.x) {

@@ -10,9 +10,8 @@
 // --graph: decode shapes run through the plan/run calls captured in a CUDA graph, one attention
 // call per replay (as an engine replays its step; sdpa_baseline.py --graph does the same).
 // --decode-grid: decode at batch 1, 8, 32 over 1k, 4k, 32k and 128k tokens (the issue's grid).
-// --window W, --sinks, --softcap C: the model variants (docs/API.md "Model variants"); their GPU
-// path is experimental (the bench sets KVARN_CUDA_EXPERIMENTAL_VARIANTS=1), and "MB read" counts
-// only the tiles a window reaches (sdpa_baseline.py --window reads the same keys in fp16).
+// --window W, --sinks, --softcap C: the model variants (docs/API.md "Model variants"); "MB read"
+// counts only the tiles a window reaches (sdpa_baseline.py --window reads the same keys in fp16).
 // The defaults are the design point: k4v2_g128, D 128, 32 query and 8 KV heads.
 //
 // The pools hold real records: a few hundred tiles of synthetic K/V are quantized through
@@ -134,8 +133,7 @@ int main(int argc, char** argv) {
   const bool variants = window > 0 || with_sinks || softcap > 0.f;
   void* sinks = nullptr;
   if (variants) {
-    setenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS", "1", 1);  // the variants' GPU path is experimental
-    std::printf("variants: window %d, sinks %s, softcap %g (experimental GPU path)\n", window,
+    std::printf("variants: window %d, sinks %s, softcap %g\n", window,
                 with_sinks ? "yes" : "no", softcap);
     if (with_sinks) {
       std::vector<float> h(Hq);

@@ -67,17 +67,7 @@ if has bench1; then
   for shape in "1 131072" "32 32768"; do build/dev/bench_cuda_attention --no-read-bw --shape $shape 2>&1 | tail -1; done
 fi
 if has variants; then
-  # Issue 25's rows: gpt-oss window layers (D64, 64/8, sinks, window 128) and full layers (sinks),
-  # Gemma 3 window layers (D256, 16/8, window 1024), against fp16 over the keys they read.
-  for row in "64 64 8 --window 128 --sinks|--window 128" "64 64 8 --sinks|" \
-             "256 16 8 --window 1024|--window 1024"; do
-    IFS='|' read -r args base <<<"$row"
-    read -r d hq hk flags <<<"$args"
-    build/dev/bench_cuda_attention --no-read-bw --decode-grid --head-dim "$d" --heads "$hq" "$hk" \
-      $flags 2>&1 | tee -a "$OUT/variants.log" | tail -13
-    python3 bench/gpu/sdpa_baseline.py --decode-grid --head-dim "$d" --heads "$hq" "$hk" $base \
-      2>/dev/null | tee -a "$OUT/variants.log" | tail -13
-  done
+  bash bench/gpu/variant_rows.sh build/dev
 fi
 if has ncu; then
   # What limits decode at batch 32, 32k: one launch of the family's kernel under ncu.
