@@ -6,9 +6,11 @@
 //   bench_cuda_attention [--quick] [--csv FILE] [--shape BATCH CTX [NEW_TOKENS]]
 //                        [--preset P] [--head-dim D] [--heads HQ HK] [--decode-grid]
 //                        [--no-read-bw] [--graph] [--window W] [--sinks] [--softcap C]
+//                        [--splits S]
 //
 // --graph: decode shapes run through the plan/run calls captured in a CUDA graph, one attention
 // call per replay (as an engine replays its step; sdpa_baseline.py --graph does the same).
+// --splits S: num_splits for every shape (0 = the plan's choice), to study the split count.
 // --decode-grid: decode at batch 1, 8, 32 over 1k, 4k, 32k and 128k tokens (the issue's grid).
 // --window W, --sinks, --softcap C: the model variants (docs/API.md "Model variants"); "MB read"
 // counts only the tiles a window reaches (sdpa_baseline.py --window reads the same keys in fp16).
@@ -90,6 +92,7 @@ int main(int argc, char** argv) {
   int window = 0;
   bool with_sinks = false;
   float softcap = 0.f;
+  int splits = 0;  // --splits S: the plan's split count (0 = its own choice)
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--quick")) quick = true;
     if (!std::strcmp(argv[i], "--decode-grid")) decode_grid = true;
@@ -104,6 +107,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
     if (!std::strcmp(argv[i], "--window") && i + 1 < argc) window = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--sinks")) with_sinks = true;
+    if (!std::strcmp(argv[i], "--splits") && i + 1 < argc) splits = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--softcap") && i + 1 < argc) softcap = std::atof(argv[++i]);
     if (!std::strcmp(argv[i], "--shape") && i + 2 < argc) {  // one shape (profiling)
       only_batch = std::atoi(argv[++i]);
@@ -230,6 +234,7 @@ int main(int argc, char** argv) {
     kvarn_attention_params_t p;
     kvarn_attention_params_defaults(&p);
     p.num_q_heads = Hq;
+    p.num_splits = splits;
     p.sinks = static_cast<const float*>(sinks);
     p.sliding_window = window;
     p.logit_softcap = softcap;
