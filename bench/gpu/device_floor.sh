@@ -2,7 +2,7 @@
 # Where the short-context floor of decode goes (issue 22: batch 1-8 at 1k-4k is slower than fp16
 # by a fixed ~20 us): bench_cuda_attention at those shapes, eager and graph-replayed, with the
 # plan's split count and forced ones, and ncu's duration of each kernel of a call (attention and
-# merge), so that launch gaps and kernel time separate. Needs .devdeps/googletest (carried).
+# merge), so that launch gaps and kernel time separate (`quick`: the replayed sweep only). Needs .devdeps/googletest (carried).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 [[ -x build/dev/bench_cuda_attention ]] || {
@@ -11,13 +11,17 @@ source "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
     { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
 }
 B=build/dev/bench_cuda_attention
-for shape in "1 1024" "1 4096" "8 1024" "1 32768"; do
-  for splits in 0 1 2 4 8; do
-    for mode in "" "--graph"; do
+shapes=("1 1024" "1 4096" "8 1024" "1 32768") splits_list=(0 1 2 4 8) modes=("" "--graph")
+# quick: graph-replayed only, fewer split counts, no ncu (a tail of device_last.sh).
+[[ ${1:-} == quick ]] && shapes=("1 1024" "1 4096" "8 1024") splits_list=(0 1 4 8) modes=("--graph")
+for shape in "${shapes[@]}"; do
+  for splits in "${splits_list[@]}"; do
+    for mode in "${modes[@]}"; do
       echo "shape $shape splits $splits $mode: $($B --no-read-bw --shape $shape --splits $splits $mode 2>&1 | tail -1)"
     done
   done
 done
+[[ ${1:-} == quick ]] && exit 0
 for shape in "1 1024" "1 4096"; do
   ncu --clock-control none --kernel-name regex:'Mma|Merge' --launch-skip 40 --launch-count 4 \
     --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size,sm__warps_active.avg.pct_of_peak_sustained_active \
