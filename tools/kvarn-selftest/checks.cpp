@@ -694,7 +694,7 @@ void CheckAttention(const BackendTarget& target, const kvarn_config_t& config,
     if (run.variant() && ws_status == KVARN_ERR_UNSUPPORTED) {
       row->notes.push_back(
           Format("attention (%s): not run, this backend refuses the variants "
-                 "(KVARN_ERR_UNSUPPORTED: CPU only for now)",
+                 "(KVARN_ERR_UNSUPPORTED)",
                  run.name));
       continue;
     }
