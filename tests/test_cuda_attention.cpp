@@ -514,19 +514,7 @@ std::vector<VariantCase> VariantCases() {
        true,
        0.f,
        3},
-      {"d512_window_sinks",
-       "k2v2_g128",
-       512,
-       1,
-       4,
-       {4000, 300},
-       {},
-       1000,
-       0,
-       true,
-       false,
-       0.f,
-       0},
+      {"d512_window_sinks", "k2v2_g128", 512, 1, 4, {4000, 300}, {}, 1000, 0, true, false, 0.f, 0},
       {"prefix_decode_softcap",
        "k4v4_g128",
        64,
@@ -624,7 +612,8 @@ TEST(CudaAttentionErrors, SmallWorkspaceIsRejected) {
 TEST(CudaAttentionVariantPlans, VariantsKeepTheTensorCoreKernels) {
   KVT_CUDA_CONTEXT_OR_SKIP(gpu);
   const char* forced = std::getenv("KVARN_CUDA_ATTENTION");
-  if (forced != nullptr && std::string(forced) == "generic") GTEST_SKIP() << "general kernel forced";
+  if (forced != nullptr && std::string(forced) == "generic")
+    GTEST_SKIP() << "general kernel forced";
   const kvarn_config_t cfg = kvt::PresetConfig("k4v2_g128", 128);
   setenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS", "1", 1);  // until the variant suite has passed
   DeviceBuffer dsinks(gpu.get(), 32 * 4);

@@ -384,8 +384,9 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
 
   for (int idx = tid; idx < kCtaRows * kD; idx += blockDim.x) {
     const int r = idx / kD, d = idx % kD;
-    S.q[idx] =
-        S.qrow[r] >= 0 ? LoadElem(P.q, RowElement(S.qrow[r], P.Hq, P.q_stride, kD, d), P.q_dtype) : 0.f;
+    S.q[idx] = S.qrow[r] >= 0
+                   ? LoadElem(P.q, RowElement(S.qrow[r], P.Hq, P.q_stride, kD, d), P.q_dtype)
+                   : 0.f;
   }
   __syncthreads();
   if (P.k_rotate) BlockFwht(S.q, kCtaRows, kD, P.log2D);
@@ -511,10 +512,10 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
   // query fragments are no longer read), un-rotate over the CTA, store.
   const auto exp2 = [](float x) { return exp2f(x); };
   constexpr float kLog2e = 1.4426950408889634f;
-  const float a0 = FoldSink(P.sinks && q0 >= 0 ? P.sinks[q0 % P.Hq] * kLog2e : -INFINITY, &R.m[0],
-                            &l0, exp2);
-  const float a1 = FoldSink(P.sinks && q1 >= 0 ? P.sinks[q1 % P.Hq] * kLog2e : -INFINITY, &R.m[1],
-                            &l1, exp2);
+  const float a0 =
+      FoldSink(P.sinks && q0 >= 0 ? P.sinks[q0 % P.Hq] * kLog2e : -INFINITY, &R.m[0], &l0, exp2);
+  const float a1 =
+      FoldSink(P.sinks && q1 >= 0 ? P.sinks[q1 % P.Hq] * kLog2e : -INFINITY, &R.m[1], &l1, exp2);
   const float inv0 = l0 > 0.f ? a0 / l0 : 0.f, inv1 = l1 > 0.f ? a1 / l1 : 0.f;
 #pragma unroll
   for (int nt = 0; nt < kD / 8; ++nt) {

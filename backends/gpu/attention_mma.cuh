@@ -103,8 +103,8 @@ struct Shape {
   // Shared memory besides the ring for `groups` record groups.
   static constexpr int FixedBytes(int groups) {
     return 8 * D * 4 /* q */ + D * 32 /* qf */ + groups * kChanWarps * kWarpBufBytes +
-           groups * 8 * 8 /* wm, wl */ + 8 * 24 /* m, l, limit, lo, qrow, alpha */ + 16 * 16 /* barriers */ +
-           256 /* alignment */;
+           groups * 8 * 8 /* wm, wl */ + 8 * 24 /* m, l, limit, lo, qrow, alpha */ +
+           16 * 16 /* barriers */ + 256 /* alignment */;
   }
   struct Choice {
     int groups, stages, ctas;
@@ -781,7 +781,7 @@ struct MmaSmem {
   float wm[S::kGroups][kRows], wl[S::kGroups][kRows];
   float m[kRows], l[kRows];
   int limit[kRows], lo[kRows], qrow[kRows];
-  float alpha[kRows];  // the sink's rescale of a row's values (one split)
+  float alpha[kRows];          // the sink's rescale of a row's values (one split)
   uint64_t full[S::kStages];   // the stage's record has landed
   uint64_t empty[S::kStages];  // the stage's group is done with it
   int issued[S::kStages];      // the record whose copy into the stage was started last

@@ -138,8 +138,8 @@ int main(int argc, char** argv) {
   void* sinks = nullptr;
   if (variants) {
     setenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS", "1", 1);  // until the GPU suite has passed
-    std::printf("variants: window %d, sinks %s, softcap %g\n", window,
-                with_sinks ? "yes" : "no", softcap);
+    std::printf("variants: window %d, sinks %s, softcap %g\n", window, with_sinks ? "yes" : "no",
+                softcap);
     if (with_sinks) {
       std::vector<float> h(Hq);
       for (int h_i = 0; h_i < Hq; ++h_i) h[h_i] = 0.5f + 0.1f * static_cast<float>(h_i % 7);
