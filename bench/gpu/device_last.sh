@@ -22,7 +22,7 @@ run() {  # name, command...
   echo "$name ($(( $(date +%s) - t0 )) s): $(grep -E '^\[  (PASSED|FAILED)|ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/$name.log" | tr '\n' ' ')"
   grep -E "^\[  FAILED|Failure|Expected|Which is|actual" "$OUT/$name.log" | head -8
 }
-run_t() { local name=$1; shift; run "$name" timeout "${SAN_TIMEOUT:-120}" "$@"; }
+run_t() { local name=$1; shift; run "$name" timeout "${SAN_TIMEOUT:-60}" "$@"; }
 T=build/dev/tests
 A=$T/kvarn_test_cuda_attention
 VF='*CudaAttentionVariant*'
@@ -39,8 +39,8 @@ echo "---- tests: $(( $(date +%s) - t0 )) s, rc=$rc ----"
 for shape in "32 32768" "1 131072"; do
   build/dev/bench_cuda_attention --no-read-bw --shape $shape 2>&1 | tail -1
 done
-[[ ${BENCH_VARIANTS:-1} == 1 ]] && timeout 150 bash bench/gpu/variant_rows.sh build/dev
-timeout 100 bash bench/gpu/device_floor.sh quick
+[[ ${BENCH_VARIANTS:-1} == 1 ]] && timeout 120 bash bench/gpu/variant_rows.sh build/dev
+timeout 70 bash bench/gpu/device_floor.sh quick
 echo "---- benches: $(( $(date +%s) - t0 )) s ----"
 # The sanitizers last (the slowest part; a cut-off run still returns the rest).
 run_t variants_memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $A --gtest_filter="$VF"
