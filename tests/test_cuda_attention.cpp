@@ -358,7 +358,6 @@ class CudaAttentionVariants : public ::testing::TestWithParam<VariantCase> {};
 TEST_P(CudaAttentionVariants, MatchFloat64AndTheCpuBackend) {
   KVT_CUDA_CONTEXT_OR_SKIP(gpu);
   const VariantCase& c = GetParam();
-  setenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS", "1", 1);  // until this suite has passed on a device
   auto cpu = kvt::MakeCpuContext();
   kvt::Rng rng(0xA11 + std::hash<std::string>{}(c.name));
   kvt::VariantCaseData data;
@@ -615,7 +614,6 @@ TEST(CudaAttentionVariantPlans, VariantsKeepTheTensorCoreKernels) {
   if (forced != nullptr && std::string(forced) == "generic")
     GTEST_SKIP() << "general kernel forced";
   const kvarn_config_t cfg = kvt::PresetConfig("k4v2_g128", 128);
-  setenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS", "1", 1);  // until the variant suite has passed
   DeviceBuffer dsinks(gpu.get(), 32 * 4);
   for (int variant = 0; variant < 5; ++variant) {
     for (int max_q : {0, 64}) {  // decode, extend

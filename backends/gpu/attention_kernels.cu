@@ -685,23 +685,6 @@ Status LaunchGeneric(CudaState* st, const Config& cfg, const AttnParams& P, dim3
 
 namespace {
 
-#if !KVARN_GPU_HIP
-// The merge kernel asks for the attention kernels' shared-memory carveout (the most shared
-// memory), once per device: an SM changes its L1/shared split only when idle, so a merge with the
-// driver's default (little shared memory) could not start on an SM the attention grid still
-// occupies, and every call would pay a reconfiguration between the two kernels.
-// KVARN_CUDA_MERGE_CARVEOUT=driver leaves the driver's choice (for comparisons).
-void PrepareMergeCarveout(int device) {
-  static std::atomic<bool> done[kMaxDevices];
-  static const bool driver = EnvEquals("KVARN_CUDA_MERGE_CARVEOUT", "driver");
-  if (driver || device < 0 || device >= kMaxDevices || done[device].load()) return;
-  cudaFuncSetAttribute(MergeKernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                       cudaSharedmemCarveoutMaxShared);
-  cudaGetLastError();  // a hint: a failure changes nothing and is not left sticky
-  done[device].store(true);
-}
-#endif
-
 // The kernels' parameters of one call under `plan`; the workspace is carved for the splits'
 // partial results.
 AttnParams MakeParams(CudaState* st, const Config& cfg, const PagedKV& kv,
@@ -789,7 +772,6 @@ Status LaunchAttention(CudaState* st, const Config& cfg, const PagedKV& kv, cons
                 st->stream>>>(P, static_cast<int>(plan.rows_total));
   return CheckLaunch("MergeKernel");
 #else
-  PrepareMergeCarveout(st->device);
   cudaLaunchConfig_t lc{};
   lc.gridDim = dim3(static_cast<unsigned>(plan.rows_total));
   lc.blockDim = dim3(kThreads);

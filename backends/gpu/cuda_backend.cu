@@ -333,22 +333,8 @@ Status PagedFlushOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv, si
   return PagedFlush(ctx, cfg, kv, n_tiles, src_pages, dst_blocks);
 }
 
-// The model variants (sinks, sliding window, softcap, prefix mode) in the GPU kernels have not
-// yet run on a device: every attention entry point refuses them (never plain attention in their
-// place) unless KVARN_CUDA_EXPERIMENTAL_VARIANTS=1, the switch the GPU suite and the bench set
-// (backends/gpu/README.md). Removed once the suite has passed on the H200.
-Status CheckNoVariants(const AttentionArgs& args) {
-  if (!args.has_variant()) return Status::Ok();
-  const char* gate = std::getenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS");
-  if (gate != nullptr && std::string(gate) == "1") return Status::Ok();
-  return Unsupported(
-      "attention with sinks, sliding_window, logit_softcap or KVARN_ATTENTION_PREFIX runs on the "
-      "CPU backend only: the GPU kernels for these variants are not validated yet");
-}
-
 Status AttentionWorkspaceOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
                                   const AttentionArgs& args, size_t total_q, size_t* bytes) {
-  KVARN_RETURN_IF_ERROR(CheckNoVariants(args));
   DeviceGuard guard(State(ctx)->device);
   KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   return AttentionWorkspace(ctx, cfg, kv, args, total_q, bytes);
@@ -357,7 +343,6 @@ Status AttentionWorkspaceOnDevice(Context* ctx, const Config& cfg, const PagedKV
 Status PagedAttentionOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
                               const AttentionArgs& args, const void* q, void* out, float* lse,
                               void* workspace, size_t workspace_bytes) {
-  KVARN_RETURN_IF_ERROR(CheckNoVariants(args));
   CudaState* s = State(ctx);
   DeviceGuard guard(s->device);
   KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
@@ -371,7 +356,6 @@ Status PagedAttentionOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv
 // synchronize or allocate (pointer checks are driver lookups, allowed during capture).
 Status AttentionPlanOnDevice(Context* ctx, const Config& cfg, const AttentionShape& shape,
                              const AttentionArgs& args, AttentionPlan* plan) {
-  KVARN_RETURN_IF_ERROR(CheckNoVariants(args));
   DeviceGuard guard(State(ctx)->device);
   KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   return AttentionPlanFor(ctx, cfg, shape, args, plan);

@@ -137,7 +137,6 @@ int main(int argc, char** argv) {
   const bool variants = window > 0 || with_sinks || softcap > 0.f;
   void* sinks = nullptr;
   if (variants) {
-    setenv("KVARN_CUDA_EXPERIMENTAL_VARIANTS", "1", 1);  // until the GPU suite has passed
     std::printf("variants: window %d, sinks %s, softcap %g\n", window, with_sinks ? "yes" : "no",
                 softcap);
     if (with_sinks) {

@@ -21,10 +21,6 @@ for shape in "${shapes[@]}"; do
     done
   done
 done
-# The merge's shared-memory carveout: the driver's choice against the library's (the most shared).
-for shape in "${shapes[@]}"; do
-  echo "shape $shape splits 0 --graph, merge carveout by the driver: $(KVARN_CUDA_MERGE_CARVEOUT=driver $B --no-read-bw --shape $shape --graph 2>&1 | tail -1)"
-done
 [[ ${1:-} == quick ]] && exit 0
 for shape in "1 1024" "1 4096"; do
   ncu --clock-control none --kernel-name regex:'Mma|Merge' --launch-skip 40 --launch-count 4 \

@@ -476,9 +476,8 @@ KVARN_API kvarn_status_t kvarn_paged_attention_workspace_size(
  * the output un-rotated when V is; fp32 online softmax. A sequence with seq_lens[b] == 0 is a
  * padding slot: its output rows are zeros and its lse -inf (the sink logit with params->sinks).
  * The model variants (sinks, sliding_window, logit_softcap, KVARN_ATTENTION_PREFIX; section 9.1)
- * run on the CPU backend; GPU contexts refuse them with KVARN_ERR_UNSUPPORTED until their GPU
- * path has been validated on a device (this call, its workspace query and
- * kvarn_attention_plan_create).
+ * run on every backend and kernel (CUDA: the tensor-core kernels the plan would choose without
+ * them); head_dim 80 and 96 run on the CPU backend only.
  * q:   [total_q_tokens][Hq][D] of params->q_dtype, unrotated; total_q_tokens = batch for decode,
  *      q_indptr[batch] for extend.
  * out: [total_q_tokens][Hq][D] of params->out_dtype.
