@@ -224,7 +224,7 @@ Status CheckTailArgs(const Config& cfg, int num_kv_heads, int max_step_tokens) {
 Status CheckTailBackend(const Context* ctx) {
   if (ctx->ops->paged_flush_tail_run == nullptr || ctx->ops->paged_append_tail_run == nullptr) {
     return Unsupported(std::string("the tail state is not supported on the ") + ctx->ops->name +
-                       " backend yet (CPU only)");
+                       " backend");
   }
   return Status::Ok();
 }

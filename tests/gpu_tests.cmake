@@ -1,7 +1,7 @@
 # GPU suites: built in every configuration (they use only the public API), run on a machine with
 # a CUDA device, and skipped cleanly (GTEST_SKIP, reported by CTest as skipped) elsewhere.
 # Label "gpu". The CPU scalar reference is the oracle.
-foreach(_gpu_suite cuda_codec cuda_attention cuda_cache cuda_multicontext)
+foreach(_gpu_suite cuda_codec cuda_attention cuda_cache cuda_multicontext cuda_tail_state)
   if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/test_${_gpu_suite}.cpp)
     kvarn_add_gtest(kvarn_test_${_gpu_suite}
       SOURCES test_${_gpu_suite}.cpp

@@ -3,7 +3,7 @@
 // tiles from device lengths (no host list), attention over blocks and slots. An engine-shaped
 // loop with speculative tokens and rollback, sequences finishing and being replaced, runs against
 // the managed cache (layer 3) doing the same steps: every attention output and lse is bit-equal.
-// CPU only; other backends refuse the calls.
+// CPU; the GPU backend runs the same steps in tests/test_cuda_tail_state.cpp.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -611,22 +611,6 @@ TEST(TailState, FaultsStayInTheirSequenceAndBadArgumentsAreRefused) {
   EXPECT_TRUE(IsError(kvarn_paged_attention_tail_run(ctx.get(), plan.get(), &kv, &tail, &launch,
                                                      nullptr, q.data(), out.data(), nullptr),
                       KVARN_ERR_UNSUPPORTED, "sink_tiles"));
-}
-
-TEST(TailState, OtherBackendsRefuseTheCalls) {
-  KVT_CUDA_CONTEXT_OR_SKIP(gpu);
-  const kvarn_config_t cfg = SinkFree();
-  OnePool pool(cfg, 4);
-  kvarn_paged_kv_t kv = pool.View();
-  kvarn_tail_state_t tail = pool.Tail();
-  const int32_t indptr[kBatch + 1] = {0};
-  std::vector<float> k(kHk * kD), v(kHk * kD);
-  EXPECT_TRUE(IsError(kvarn_paged_append_tail_run(gpu.get(), &cfg, &kv, &tail, nullptr, indptr, 1,
-                                                  KVARN_DTYPE_F32, k.data(), v.data()),
-                      KVARN_ERR_UNSUPPORTED, "not supported"));
-  EXPECT_TRUE(IsError(kvarn_paged_flush_tail_run(gpu.get(), &cfg, &kv, &tail, nullptr,
-                                                 pool.committed.data(), pool.rtiles.data()),
-                      KVARN_ERR_UNSUPPORTED, "not supported"));
 }
 
 }  // namespace

@@ -29,6 +29,14 @@ struct AttnParams {
   const int32_t* seq_lens;
   const int32_t* record_tiles;
   int32_t Hk;
+  // The per-request tail state (kvarn_experimental.h), or tail_states NULL: tiles past
+  // record_tiles[b] are rows of slot tail_slots[b] ([2][Hk][tail_cap][D] halves, K then V) instead
+  // of pages, and there is no sink.
+  const __half* tail_states;
+  size_t tail_slot_elems;
+  int32_t tail_cap;
+  int32_t num_tail_slots;
+  const int32_t* tail_slots;
   // Config.
   int32_t D, G, log2D, kbits, vbits, sink_tiles;
   int32_t off_kcodes, off_ka, off_kz, off_kc, off_vcodes, off_vc, off_va, off_vz;
@@ -164,6 +172,18 @@ __device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, int chu
     if (reporter) ReportAttentionError(P, b, kErrSeqLen, w->N);
     return false;
   }
+  // Tail state: the tokens past the records must fit their slot, which must exist.
+  if (P.tail_states != nullptr && w->N > w->rt * G) {
+    const int slot = P.tail_slots[b];
+    if (w->N - w->rt * G > P.tail_cap) {
+      if (reporter) ReportAttentionError(P, b, kErrSeqLen, w->N);
+      return false;
+    }
+    if (slot < 0 || slot >= P.num_tail_slots) {
+      if (reporter) ReportAttentionError(P, b, kErrTailSlot, slot);
+      return false;
+    }
+  }
   // N == 0 is a padding slot: no keys, so its rows get zeros and lse -inf. In prefix mode the
   // queries follow the cache instead of being its last tokens.
   if (!P.prefix && w->nq > w->N && w->N > 0) {
@@ -171,6 +191,28 @@ __device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, int chu
     return false;
   }
   w->nrows = min(chunk_rows, rows_b - w->row0);
+  return true;
+}
+
+// The fp16 rows of head h of an unquantized tile (sink or tail): a page of the block table, or
+// rows of the sequence's tail slot (checked by ReadWorkItem). False, with nothing set, when the
+// page is outside its pool. A tail tile may end past the slot's last row: read only its `valid`
+// rows (rows past them may belong to the next slot, or lie past the allocation).
+__device__ __forceinline__ bool FpTileRows(const AttnParams& P, const WorkItem& w,
+                                           const int32_t* table, int tile, int G, int D,
+                                           const __half** kp, const __half** vp) {
+  if (P.tail_states != nullptr) {
+    const size_t head =
+        static_cast<size_t>(w.h) * P.tail_cap + static_cast<size_t>(tile - w.rt) * G;
+    *kp = P.tail_states + static_cast<size_t>(P.tail_slots[w.b]) * P.tail_slot_elems + head * D;
+    *vp = *kp + static_cast<size_t>(P.Hk) * P.tail_cap * D;
+    return true;
+  }
+  const int id = table[tile];
+  if (id < 0 || id >= P.num_pages) return false;
+  const size_t off = (static_cast<size_t>(id) * P.Hk + w.h) * G * D;
+  *kp = P.k_pages + off;
+  *vp = P.v_pages + off;
   return true;
 }
 

@@ -439,22 +439,22 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm) ExtendAttentionKernel
   R.l[0] = R.l[1] = 0.f;
 #pragma unroll
   for (int nt = 0; nt < kD / 8; ++nt) R.o[nt][0] = R.o[nt][1] = R.o[nt][2] = R.o[nt][3] = 0.f;
-  const size_t page_elems = static_cast<size_t>(P.Hk) * G * kD;
-
   for (int k = 0; k < ntiles; ++k) {
     CpAsyncWait<0>();  // tile k's copies (this thread's) have landed
     __syncthreads();   // everyone's; ks/vs are free
     const int tile = t_begin + k;
     const bool is_record = tile >= r_lo && tile < r_hi;
     const int id = table[tile];
-    const bool ok = id >= 0 && id < (is_record ? P.num_record_blocks : P.num_pages);
+    const __half* kp = nullptr;
+    const __half* vp = nullptr;
+    const bool ok = is_record ? id >= 0 && id < P.num_record_blocks
+                              : FpTileRows(P, w, table, tile, G, kD, &kp, &vp);
     if (!ok) {
       if (tid == 0) ReportAttentionError(P, b, kErrBlockTable, tile);
     } else if (is_record) {
       UnpackRecord<G>(P, S.stage, S);
     } else {
-      const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * kD;
-      CopyPage<G>(P.k_pages + off, P.v_pages + off, min(G, N - tile * G), S);
+      CopyPage<G>(kp, vp, min(G, N - tile * G), S);
     }
     __syncthreads();  // ks/vs are ready; the stage is free for the next record
     IssueTile<G>(P, S, table, t_begin, ntiles, r_lo, r_hi, h, k + 1);

@@ -704,10 +704,11 @@ __device__ __forceinline__ void PageTile(const __half* kp, const __half* vp, int
   for (int j = 0; j < TM; ++j) {
     s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
     const int t0 = 2 * TM * g + 2 * j;
-    // Rows past the sequence end may hold anything: their scores are masked below, and their
-    // values are never read (zeroed), so NaN cannot leak in.
-    const __half* r0 = kp + static_cast<size_t>(t0) * D + cb;
-    const __half* r1 = r0 + D;
+    // Rows past the sequence end may hold anything, or lie past a tail slot: their scores are
+    // masked below (the last valid row is read in their place), and their values are never read
+    // (zeroed), so NaN cannot leak in.
+    const __half* r0 = kp + static_cast<size_t>(min(t0, valid - 1)) * D + cb;
+    const __half* r1 = kp + static_cast<size_t>(min(t0 + 1, valid - 1)) * D + cb;
 #pragma unroll
     for (int i = 0; i < KC; ++i) {
       const uint2 u0 = __ldg(reinterpret_cast<const uint2*>(r0 + 16 * i + 4 * c));
@@ -881,7 +882,6 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
     rk.lim_min = min(rk.lim_min, M.limit[r]);
     rk.lo_max = max(rk.lo_max, M.lo[r]);
   }
-  const size_t page_elems = static_cast<size_t>(P.Hk) * G * D;
   __half* pbuf = reinterpret_cast<__half*>(M.wbuf[warp]);
   float* xs = reinterpret_cast<float*>(M.wbuf[u * S::kChanWarps]);  // the group's buffers
   const bool reporter = lane == 0 && wl == 0;
@@ -891,15 +891,13 @@ __global__ void __launch_bounds__(S::kThreads, S::kMinCtasPerSm) MmaAttentionKer
   for (int tile = t_begin, n = 0; tile < t_end; ++tile) {
     if (tile >= r_lo && tile < r_hi) continue;
     if (n++ % S::kGroups != u) continue;
-    const int id = table[tile];
-    if (id < 0 || id >= P.num_pages) {
+    const __half* kp;
+    const __half* vp;
+    if (!FpTileRows(P, w, table, tile, G, D, &kp, &vp)) {
       if (reporter) ReportAttentionError(P, b, kErrBlockTable, tile);
       continue;
     }
-    const size_t off = static_cast<size_t>(id) * page_elems + static_cast<size_t>(h) * G * D;
-    PageTile<S>(reinterpret_cast<const __half*>(P.k_pages) + off,
-                reinterpret_cast<const __half*>(P.v_pages) + off, min(G, N - tile * G), M.q,
-                tile * G, rk, cb, xs, u, wl, pbuf, W);
+    PageTile<S>(kp, vp, min(G, N - tile * G), M.q, tile * G, rk, cb, xs, u, wl, pbuf, W);
   }
 
   // Record tiles from the ring. After the group's `empty` arrivals its first warp refills the

@@ -125,6 +125,25 @@ struct FlushList {
   int32_t num_blocks;
 };
 
+// The tail flush (kvarn_paged_flush_tail_run): sequence b's tiles [record_tiles[b], committed[b] /
+// G) from the rows of its tail slot. Item i of the launch is (b, j, h) = tile record_tiles[b] + j,
+// head h, i = (b * per_seq + j) * hk + h; the items past a sequence's tiles return at once.
+struct TailFlush {
+  const uint16_t* states;  // NULL: not a tail flush
+  size_t slot_elems;
+  int32_t cap;
+  int32_t num_slots;
+  const int32_t* slots;
+  const int32_t* seq_lens;
+  const int32_t* record_tiles;
+  const int32_t* committed;
+  const int32_t* block_table;
+  int32_t max_blocks;
+  int32_t num_blocks;
+  int32_t per_seq;  // cap / G: the most tiles one sequence flushes
+  int32_t* seq_status;
+};
+
 struct TileJob {
   // Sources: fp16 tiles [.][G][D] (K at src[0], V at src[1]); tile index of item i is
   // src_pages[i / hk] * hk + i % hk (flush: pages are [Hk][G][D]) or i (src_pages NULL).
@@ -140,7 +159,49 @@ struct TileJob {
   RecordOffsets ro;
   DeviceErrorWords* errors;
   FlushList list;  // kvarn_paged_flush_run: the device list (list.count NULL otherwise)
+  TailFlush tail;  // kvarn_paged_flush_tail_run (tail.states NULL otherwise)
 };
+
+// How many tiles sequence b flushes (TailFlush), or -1 when it is skipped (a status entry already
+// set) or its lengths, slot or table are wrong (then reported by `reporter`). Uniform over a CTA.
+__device__ __forceinline__ int TailTilesToFlush(const TailFlush& f, DeviceErrorWords* errors, int G,
+                                                int b, bool reporter) {
+  if (f.seq_status != nullptr && *static_cast<const volatile int32_t*>(&f.seq_status[b]) != 0) {
+    return -1;
+  }
+  const int64_t n = f.seq_lens[b], rt = f.record_tiles[b], c = f.committed[b];
+  DeviceErrorKind what = kErrNone;
+  int32_t detail = 0;
+  if (n < 0 || rt < 0 || c < rt * G || c > n) {
+    what = kErrCommitted;
+    detail = static_cast<int32_t>(c);
+  } else if (n - rt * G > f.cap) {
+    what = kErrTailRow;
+    detail = static_cast<int32_t>(n - rt * G);
+  } else if (c / G > rt && (f.slots[b] < 0 || f.slots[b] >= f.num_slots)) {
+    what = kErrTailSlot;
+    detail = f.slots[b];
+  } else if (c / G > f.max_blocks) {
+    what = kErrSeqLen;
+    detail = static_cast<int32_t>(c / G);
+  } else {
+    for (int64_t tile = rt; tile < c / G; ++tile) {
+      const int32_t id = f.block_table[static_cast<size_t>(b) * f.max_blocks + tile];
+      if (id < 0 || id >= f.num_blocks) {
+        what = kErrBlockTable;
+        detail = static_cast<int32_t>(tile);
+        break;
+      }
+    }
+  }
+  if (what != kErrNone) {
+    if (reporter) {
+      ReportSequenceError(f.seq_status, errors, b, KVARN_ERR_INVALID_ARGUMENT, what, b, detail);
+    }
+    return -1;
+  }
+  return static_cast<int>(c / G - rt);
+}
 
 // Entry i of an index list of int32, or of int64 when `wide`.
 __device__ __forceinline__ int64_t ListEntry(const int32_t* list, bool wide, size_t i) {
@@ -184,7 +245,8 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
   TileSmem<D, G> smem(reinterpret_cast<float*>(smem_raw));
   const int item = blockIdx.x, which = blockIdx.y;
   int32_t seq = 0;
-  int32_t* const seq_status = job.list.seq_status;
+  int32_t* const seq_status =
+      job.tail.states != nullptr ? job.tail.seq_status : job.list.seq_status;
   if (job.list.count != nullptr) {
     const FlushList& f = job.list;
     const int entry = item / job.hk;
@@ -202,13 +264,27 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
       return;
     }
   }
-  const size_t index =
-      job.src_pages
-          ? static_cast<size_t>(ListEntry(job.src_pages, job.list.index64, item / job.hk)) *
-                    job.hk +
-                item % job.hk
-          : static_cast<size_t>(item);
-  const uint16_t* src = (which ? job.src[1] : job.src[0]) + index * G * D;
+  const uint16_t* src;
+  if (job.tail.states != nullptr) {
+    const TailFlush& f = job.tail;
+    const int per_b = f.per_seq * job.hk;
+    const int b = item / per_b, j = (item % per_b) / job.hk, h = item % job.hk;
+    seq = b;
+    if (j >= TailTilesToFlush(f, job.errors, G, b,
+                              threadIdx.x == 0 && item % per_b == 0 && which == 0)) {
+      return;
+    }
+    src = f.states + static_cast<size_t>(f.slots[b]) * f.slot_elems +
+          ((static_cast<size_t>(which) * job.hk + h) * f.cap + static_cast<size_t>(j) * G) * D;
+  } else {
+    const size_t index =
+        job.src_pages
+            ? static_cast<size_t>(ListEntry(job.src_pages, job.list.index64, item / job.hk)) *
+                      job.hk +
+                  item % job.hk
+            : static_cast<size_t>(item);
+    src = (which ? job.src[1] : job.src[0]) + index * G * D;
+  }
   uint16_t* tile_smem = reinterpret_cast<uint16_t*>(smem_raw + Shape::kAuxBytes);
   bool bad = false;
   for (int i = threadIdx.x; i < G * D / 8; i += Shape::kThreads) {
@@ -701,6 +777,118 @@ Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const L
   KVARN_RETURN_IF_ERROR(LaunchTiles(ctx, cfg, job, items));
   return LaunchScatter(ctx, job.staged, job.rb, items, kv.records, kv.record_stride, dst_blocks, Hk,
                        job.list);
+}
+
+namespace {
+
+// The tail flush's second half, one CTA per sequence: unless the call failed (no status array)
+// or the sequence faulted, copies its staged records to their blocks, moves the slot's rows past
+// the flushed tiles to its start, and writes record_tiles_out[b]. kVec: 16-byte record copies.
+template <int kVec>
+__global__ void __launch_bounds__(256)
+    TailCommitKernel(const TailFlush f, const uint8_t* staged, size_t rb, uint8_t* records,
+                     size_t record_stride, int hk, int G, int D, const DeviceErrorWords* errors,
+                     int32_t* record_tiles_out) {
+  if (*static_cast<const volatile int32_t*>(&errors->launch_flag) != 0) return;
+  const int b = blockIdx.x;
+  const int32_t rt = f.record_tiles[b];
+  const bool live =
+      f.seq_status == nullptr || *static_cast<const volatile int32_t*>(&f.seq_status[b]) == 0;
+  // Valid when live: the quantize kernel checked the sequence (a fault set its status).
+  const int nflush = live ? f.committed[b] / G - rt : 0;
+  if (nflush > 0) {
+    for (int j = 0; j < nflush; ++j) {
+      const size_t block =
+          static_cast<size_t>(f.block_table[static_cast<size_t>(b) * f.max_blocks + rt + j]);
+      for (int h = 0; h < hk; ++h) {
+        const uint8_t* s = staged + ((static_cast<size_t>(b) * f.per_seq + j) * hk + h) * rb;
+        uint8_t* d = records + (block * hk + h) * record_stride;
+        if (kVec == 16) {
+          for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x) {
+            reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
+          }
+        } else {
+          for (size_t i = threadIdx.x; i < rb; i += blockDim.x) d[i] = s[i];
+        }
+      }
+    }
+    // Rows [shift, shift + rows) move to [0, rows), in chunks of `shift` rows: chunk k writes
+    // the rows chunk k - 1 read (done, after the barrier) and reads none that chunk k writes.
+    const int shift = nflush * G;
+    const int rows = f.seq_lens[b] - rt * G - shift;
+    uint16_t* slot =
+        const_cast<uint16_t*>(f.states) + static_cast<size_t>(f.slots[b]) * f.slot_elems;
+    const int row_vecs = D / 8;
+    for (int r0 = 0; r0 < rows; r0 += shift) {
+      const int n = min(shift, rows - r0);
+      const int per_head = n * row_vecs;
+      for (int idx = threadIdx.x; idx < 2 * hk * per_head; idx += blockDim.x) {
+        const int head = idx / per_head, e = idx % per_head;  // head: which * hk + h
+        uint4* base = reinterpret_cast<uint4*>(slot + static_cast<size_t>(head) * f.cap * D);
+        const size_t dst = static_cast<size_t>(r0) * row_vecs + e;
+        base[dst] = base[dst + static_cast<size_t>(shift) * row_vecs];
+      }
+      __syncthreads();
+    }
+  }
+  __syncthreads();  // every thread has read record_tiles[b] (record_tiles_out may be it)
+  if (threadIdx.x == 0) record_tiles_out[b] = rt + max(nflush, 0);
+}
+
+}  // namespace
+
+// The capturable tail flush: the quantize kernel over every (sequence, tile, head) a slot can
+// hold (items past a sequence's committed tiles return at once), staging in the workspace, then
+// the commit kernel per sequence. No copy, allocation or synchronization.
+Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                         const LaunchArgs& launch, const int32_t* committed,
+                         int32_t* record_tiles_out) {
+  if (reinterpret_cast<uintptr_t>(launch.workspace) % 256 != 0) {
+    return InvalidArgument("launch->workspace must be 256-byte aligned on a CUDA context");
+  }
+  const int Hk = kv.num_kv_heads;
+  const int per_seq = kv.tail_cap / cfg.G;
+  const size_t items = static_cast<size_t>(kv.batch) * per_seq * Hk;
+  CudaState* s = State(ctx);
+  KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
+  TileJob job{};
+  job.hk = Hk;
+  job.normalize[0] = cfg.k_normalize;
+  job.normalize[1] = cfg.v_normalize;
+  job.bits[0] = cfg.key_bits;
+  job.bits[1] = cfg.value_bits;
+  job.iterations = cfg.iterations;
+  job.staged = static_cast<uint8_t*>(launch.workspace);
+  job.rb = cfg.record_bytes();
+  job.ro = Offsets(cfg);
+  job.errors = s->errors;
+  TailFlush& f = job.tail;
+  f.states = kv.tail_states;
+  f.slot_elems = kv.tail_slot_elems;
+  f.cap = kv.tail_cap;
+  f.num_slots = kv.num_tail_slots;
+  f.slots = kv.tail_slots;
+  f.seq_lens = kv.seq_lens;
+  f.record_tiles = kv.record_tiles;
+  f.committed = committed;
+  f.block_table = kv.block_table;
+  f.max_blocks = kv.max_blocks_per_seq;
+  f.num_blocks = kv.num_record_blocks;
+  f.per_seq = per_seq;
+  f.seq_status = launch.seq_status;
+  KVARN_RETURN_IF_ERROR(LaunchTiles(ctx, cfg, job, items));
+  const bool vec = Aligned16(kv.records) && kv.record_stride % 16 == 0 && job.rb % 16 == 0;
+  const unsigned grid = static_cast<unsigned>(kv.batch);
+  if (vec) {
+    TailCommitKernel<16><<<grid, 256, 0, s->stream>>>(f, job.staged, job.rb, kv.records,
+                                                      kv.record_stride, Hk, cfg.G, cfg.D, s->errors,
+                                                      record_tiles_out);
+  } else {
+    TailCommitKernel<1><<<grid, 256, 0, s->stream>>>(f, job.staged, job.rb, kv.records,
+                                                     kv.record_stride, Hk, cfg.G, cfg.D, s->errors,
+                                                     record_tiles_out);
+  }
+  return CheckLaunch("TailCommitKernel");
 }
 
 }  // namespace gpu

@@ -213,6 +213,15 @@ struct SlotAppendArgs {
   bool slots64;
   int32_t* seq_status;  // [batch] or NULL
   DeviceErrorWords* errors;
+  // The tail-state append (kvarn_paged_append_tail_run) when tail_states is set: positions come
+  // from the lengths after the append instead of slots, rows of slot tail_slots[b].
+  uint16_t* tail_states;
+  size_t tail_slot_elems;
+  int32_t tail_cap;
+  int32_t num_tail_slots;
+  const int32_t* tail_slots;
+  const int32_t* seq_lens;
+  const int32_t* record_tiles;
 };
 
 // The sequence owning token t, or -1 (past the last range, or the ranges are not sorted there).
@@ -238,6 +247,51 @@ __device__ __forceinline__ bool SequenceSkipped(const SlotAppendArgs& a, int b) 
   return a.seq_status != nullptr && a.seq_status[b] != 0;
 }
 
+// Where token t of sequence b goes: a slot of the page pool (slot mapping; -1 = skipped), or,
+// with the tail state, (slot index, row) packed as slot * tail_cap + row. *bad: the detail of a
+// destination outside its pool (0 = none): kErrSlot, kErrTailSlot or kErrTailRow in *what.
+__device__ __forceinline__ int64_t DestinationOf(const SlotAppendArgs& a, int b, int32_t t,
+                                                 DeviceErrorKind* what, int32_t* detail) {
+  *what = kErrNone;
+  if (a.tail_states == nullptr) {
+    const int64_t slot = SlotAt(a, t);
+    if (slot < -1 || slot >= a.num_slots) {
+      *what = kErrSlot;
+      // The detail word is int32: an int64 slot past it reads as INT32_MAX / INT32_MIN.
+      *detail = static_cast<int32_t>(slot > INT32_MAX   ? INT32_MAX
+                                     : slot < INT32_MIN ? INT32_MIN
+                                                        : slot);
+    }
+    return slot;
+  }
+  // Token t is at position seq_lens[b] - (indptr[b + 1] - t), row position - record_tiles[b] * G.
+  const int32_t slot = a.tail_slots[b];
+  const int64_t rt = a.record_tiles[b];
+  const int64_t row = int64_t{a.seq_lens[b]} - (a.indptr[b + 1] - t) - rt * a.G;
+  if (slot < 0 || slot >= a.num_tail_slots) {
+    *what = kErrTailSlot;
+    *detail = slot;
+  } else if (rt < 0 || row < 0 || row >= a.tail_cap) {
+    *what = kErrTailRow;
+    *detail = static_cast<int32_t>(row < INT32_MIN ? INT32_MIN : row > INT32_MAX ? INT32_MAX : row);
+  }
+  return *what == kErrNone ? int64_t{slot} * a.tail_cap + row : -2;
+}
+
+// The fp16 row of head h, K or V, at destination `dest` (DestinationOf, valid).
+__device__ __forceinline__ uint16_t* DestinationRow(const SlotAppendArgs& a, int64_t dest, int h,
+                                                    int which, int D) {
+  if (a.tail_states == nullptr) {
+    const size_t page = static_cast<size_t>(dest / a.G), pos = static_cast<size_t>(dest % a.G);
+    return (which ? a.pages[1] : a.pages[0]) + page * a.hk * a.G * D +
+           (static_cast<size_t>(h) * a.G + pos) * D;
+  }
+  const size_t slot = static_cast<size_t>(dest / a.tail_cap),
+               row = static_cast<size_t>(dest % a.tail_cap);
+  return a.tail_states + slot * a.tail_slot_elems +
+         ((static_cast<size_t>(which) * a.hk + h) * a.tail_cap + row) * D;
+}
+
 template <int D>
 __global__ void __launch_bounds__(256) SlotAppendValidateKernel(const SlotAppendArgs a) {
   using L = RowLayout<D>;
@@ -253,9 +307,11 @@ __global__ void __launch_bounds__(256) SlotAppendValidateKernel(const SlotAppend
     const size_t r = r0 + lt;
     const int32_t t = static_cast<int32_t>((r >> 1) / a.hk);
     const int b = r < rows ? OwnerOf(a, t) : -1;
-    const int64_t slot = b >= 0 ? SlotAt(a, t) : -1;
+    DeviceErrorKind what = kErrNone;
+    int32_t detail = 0;
+    const int64_t dest = b >= 0 ? DestinationOf(a, b, t, &what, &detail) : -1;
     // Rows of skipped tokens are converted as zeros (the row shuffles need every lane).
-    const bool valid = b >= 0 && slot != -1 && !SequenceSkipped(a, b);
+    const bool valid = b >= 0 && dest != -1 && !SequenceSkipped(a, b);
     const int which = static_cast<int>(r & 1);
     const int h = static_cast<int>((r >> 1) % a.hk);
     float x[L::kPerLane];
@@ -263,13 +319,10 @@ __global__ void __launch_bounds__(256) SlotAppendValidateKernel(const SlotAppend
     bool nf, of;
     ConvertRow<D>(a, which, t, h, valid, ld, x, hb, &nf, &of);
     if (!valid || ld != 0) continue;
-    if (slot < -1 || slot >= a.num_slots) {
-      // The detail word is int32: an int64 slot past it reads as INT32_MAX / INT32_MIN.
-      const int32_t shown = static_cast<int32_t>(slot > INT32_MAX   ? INT32_MAX
-                                                 : slot < INT32_MIN ? INT32_MIN
-                                                                    : slot);
-      ReportSequenceError(a.seq_status, a.errors, b, KVARN_ERR_INVALID_ARGUMENT, kErrSlot, t,
-                          shown);
+    if (what != kErrNone) {
+      // A tail error names the sequence (as the CPU's message does), a slot error the token.
+      ReportSequenceError(a.seq_status, a.errors, b, KVARN_ERR_INVALID_ARGUMENT, what,
+                          what == kErrSlot ? t : b, detail);
     } else if (nf || of) {
       ReportSequenceError(a.seq_status, a.errors, b, nf ? KVARN_ERR_NON_FINITE : KVARN_ERR_OVERFLOW,
                           nf ? kErrNonFinite : kErrOverflow, t, h);
@@ -295,8 +348,10 @@ __global__ void __launch_bounds__(256) SlotAppendWriteKernel(const SlotAppendArg
     const size_t r = r0 + lt;
     const int32_t t = static_cast<int32_t>((r >> 1) / a.hk);
     const int b = r < rows ? OwnerOf(a, t) : -1;
-    const int64_t slot = b >= 0 ? SlotAt(a, t) : -1;
-    const bool valid = b >= 0 && slot >= 0 && slot < a.num_slots && !SequenceSkipped(a, b);
+    DeviceErrorKind what = kErrNone;
+    int32_t detail = 0;
+    const int64_t dest = b >= 0 ? DestinationOf(a, b, t, &what, &detail) : -1;
+    const bool valid = b >= 0 && dest >= 0 && what == kErrNone && !SequenceSkipped(a, b);
     const int which = static_cast<int>(r & 1);
     const int h = static_cast<int>((r >> 1) % a.hk);
     float x[L::kPerLane];
@@ -304,12 +359,33 @@ __global__ void __launch_bounds__(256) SlotAppendWriteKernel(const SlotAppendArg
     bool nf, of;
     ConvertRow<D>(a, which, t, h, valid, ld, x, hb, &nf, &of);
     if (!valid) continue;
-    const size_t page = static_cast<size_t>(slot / a.G), pos = static_cast<size_t>(slot % a.G);
-    uint16_t* dst = (which ? a.pages[1] : a.pages[0]) + page * a.hk * a.G * D +
-                    (static_cast<size_t>(h) * a.G + pos) * D;
+    uint16_t* dst = DestinationRow(a, dest, h, which, D);
 #pragma unroll
     for (int c = 0; c < L::kChunks; ++c) Store8Halves(dst + L::Channel(ld, c), &hb[c * 8]);
   }
+}
+
+// The validate-then-write pair of an append by slot or into the tail slots.
+Status LaunchSlotAppend(Context* ctx, const Config& cfg, const PagedKV& kv,
+                        const LaunchArgs& launch, const SlotAppendArgs& a, size_t max_tokens) {
+  CudaState* s = State(ctx);
+  const int32_t* token_indptr = a.indptr;
+  if (launch.seq_status == nullptr) KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
+  KVARN_RETURN_IF_ERROR(CheckIndptr(s, token_indptr, kv.batch, static_cast<int64_t>(max_tokens),
+                                    launch.seq_status, IndptrKind::kToken));
+  return DispatchHeadDim(cfg.D, [&](auto d) -> Status {
+    constexpr int kD = decltype(d)::value;
+    const size_t rows = max_tokens * static_cast<size_t>(kv.num_kv_heads) * 2;
+    const size_t rows_per_warp = LaunchRowsPerWarp<kD>(s);
+    size_t blocks = ((rows + rows_per_warp - 1) / rows_per_warp + 7) / 8;
+    blocks = std::max<size_t>(blocks, 1);
+    blocks = std::min<size_t>(blocks, static_cast<size_t>(std::max(s->sm_count, 1)) * 8);
+    const unsigned grid = static_cast<unsigned>(blocks);
+    SlotAppendValidateKernel<kD><<<grid, 256, 0, s->stream>>>(a);
+    KVARN_RETURN_IF_ERROR(CheckLaunch("SlotAppendValidateKernel"));
+    SlotAppendWriteKernel<kD><<<grid, 256, 0, s->stream>>>(a);
+    return CheckLaunch("SlotAppendWriteKernel");
+  });
 }
 
 }  // namespace
@@ -345,22 +421,39 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   a.slots64 = launch.index64;
   a.seq_status = launch.seq_status;
   a.errors = s->errors;
-  if (launch.seq_status == nullptr) KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
-  KVARN_RETURN_IF_ERROR(CheckIndptr(s, token_indptr, kv.batch, static_cast<int64_t>(max_tokens),
-                                    launch.seq_status, IndptrKind::kToken));
-  return DispatchHeadDim(cfg.D, [&](auto d) -> Status {
-    constexpr int kD = decltype(d)::value;
-    const size_t rows = max_tokens * static_cast<size_t>(kv.num_kv_heads) * 2;
-    const size_t rows_per_warp = LaunchRowsPerWarp<kD>(s);
-    size_t blocks = ((rows + rows_per_warp - 1) / rows_per_warp + 7) / 8;
-    blocks = std::max<size_t>(blocks, 1);
-    blocks = std::min<size_t>(blocks, static_cast<size_t>(std::max(s->sm_count, 1)) * 8);
-    const unsigned grid = static_cast<unsigned>(blocks);
-    SlotAppendValidateKernel<kD><<<grid, 256, 0, s->stream>>>(a);
-    KVARN_RETURN_IF_ERROR(CheckLaunch("SlotAppendValidateKernel"));
-    SlotAppendWriteKernel<kD><<<grid, 256, 0, s->stream>>>(a);
-    return CheckLaunch("SlotAppendWriteKernel");
-  });
+  return LaunchSlotAppend(ctx, cfg, kv, launch, a, max_tokens);
+}
+
+Status PagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                          const LaunchArgs& launch, const int32_t* token_indptr, size_t max_tokens,
+                          kvarn_dtype_t dtype, const void* k, const void* v) {
+  CudaState* s = State(ctx);
+  SlotAppendArgs a{};
+  a.src[0] = k;
+  a.src[1] = v;
+  a.row_stride[0] = launch.k_row_stride;
+  a.row_stride[1] = launch.v_row_stride;
+  a.dtype = dtype;
+  a.vec =
+      Aligned16(k) && Aligned16(v) && launch.k_row_stride % 8 == 0 && launch.v_row_stride % 8 == 0;
+  a.rotate[0] = cfg.k_rotate;
+  a.rotate[1] = cfg.v_rotate;
+  a.scale = RotationScale(cfg.D);
+  a.hk = kv.num_kv_heads;
+  a.G = cfg.G;
+  a.batch = kv.batch;
+  a.max_tokens = static_cast<int32_t>(max_tokens);
+  a.indptr = token_indptr;
+  a.seq_status = launch.seq_status;
+  a.errors = s->errors;
+  a.tail_states = kv.tail_states;
+  a.tail_slot_elems = kv.tail_slot_elems;
+  a.tail_cap = kv.tail_cap;
+  a.num_tail_slots = kv.num_tail_slots;
+  a.tail_slots = kv.tail_slots;
+  a.seq_lens = kv.seq_lens;
+  a.record_tiles = kv.record_tiles;
+  return LaunchSlotAppend(ctx, cfg, kv, launch, a, max_tokens);
 }
 
 Status PagedAppend(Context* ctx, const Config& cfg, const PagedKV& kv, const int32_t* indptr,

@@ -114,6 +114,19 @@ Status TakeDeviceError(CudaState* s) {
                 : ": its page or record block is outside its pool") +
            "; nothing was flushed";
       break;
+    case kErrTailSlot:
+      m += "sequence " + std::to_string(w.a) + ": tail slot " + std::to_string(w.b) +
+           " is outside the tail state's slots; nothing was written";
+      break;
+    case kErrTailRow:
+      m += "sequence " + std::to_string(w.a) + ": tail row " + std::to_string(w.b) +
+           " is outside its slot (seq_lens, record_tiles and the slot's rows disagree); nothing "
+           "was written";
+      break;
+    case kErrCommitted:
+      m += "sequence " + std::to_string(w.a) + ": committed " + std::to_string(w.b) +
+           " is outside [record_tiles * G, seq_lens]; nothing was flushed";
+      break;
     default:
       m += "unknown device error " + std::to_string(w.what);
   }
@@ -253,7 +266,20 @@ Status CheckPagedKV(const CudaState* s, const PagedKV& kv) {
                            {kv.v_pages, "v_pages"},
                            {kv.block_table, "block_table"},
                            {kv.seq_lens, "seq_lens"},
-                           {kv.record_tiles, "record_tiles"}});
+                           {kv.record_tiles, "record_tiles"},
+                           {kv.tail_states, "tail->states"},
+                           {kv.tail_slots, "tail->slots"}});
+}
+
+// The tail slots are read with 16-byte copies: every slot must start 16-byte aligned.
+Status CheckTailAligned(const PagedKV& kv) {
+  if (kv.tail_states == nullptr) return Status::Ok();
+  if (reinterpret_cast<uintptr_t>(kv.tail_states) % 16 != 0 || (kv.tail_slot_elems * 2) % 16 != 0) {
+    return InvalidArgument(
+        "tail->states must be 16-byte aligned and tail->slot_bytes a multiple "
+        "of 16 on a " KVARN_GPU_NAME " context");
+  }
+  return Status::Ok();
 }
 
 Status Copy(Context* ctx, void* dst, const void* src, size_t bytes, CopyKind kind) {
@@ -407,6 +433,7 @@ Status PagedAttentionRunOnDevice(Context* ctx, const Config& cfg, const PagedKV&
   DeviceGuard guard(s->device);
   KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
   KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
+  KVARN_RETURN_IF_ERROR(CheckTailAligned(kv));
   KVARN_RETURN_IF_ERROR(CheckPointers(s, {{q_indptr, "q_indptr"},
                                           {q, "q"},
                                           {out, "out"},
@@ -415,6 +442,42 @@ Status PagedAttentionRunOnDevice(Context* ctx, const Config& cfg, const PagedKV&
                                           {launch.workspace, "workspace"}}));
   StreamScope scope(s, launch.stream);
   return PagedAttentionRun(ctx, cfg, kv, shape, args, plan, launch, q_indptr, q, out, lse);
+}
+
+Status PagedAppendTailRunOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                  const LaunchArgs& launch, const int32_t* token_indptr,
+                                  size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                                  const void* v) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
+  KVARN_RETURN_IF_ERROR(CheckTailAligned(kv));
+  KVARN_RETURN_IF_ERROR(CheckPointers(s, {{kv.seq_lens, "seq_lens"},
+                                          {kv.record_tiles, "record_tiles"},
+                                          {kv.tail_states, "tail->states"},
+                                          {kv.tail_slots, "tail->slots"},
+                                          {token_indptr, "token_indptr"},
+                                          {k, "k"},
+                                          {v, "v"},
+                                          {launch.seq_status, "seq_status"}}));
+  StreamScope scope(s, launch.stream);
+  return PagedAppendTailRun(ctx, cfg, kv, launch, token_indptr, max_tokens, dtype, k, v);
+}
+
+Status PagedFlushTailRunOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                 const LaunchArgs& launch, const int32_t* committed,
+                                 int32_t* record_tiles_out) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
+  KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
+  KVARN_RETURN_IF_ERROR(CheckTailAligned(kv));
+  KVARN_RETURN_IF_ERROR(CheckPointers(s, {{committed, "committed"},
+                                          {record_tiles_out, "record_tiles_out"},
+                                          {launch.seq_status, "seq_status"},
+                                          {launch.workspace, "workspace"}}));
+  StreamScope scope(s, launch.stream);
+  return PagedFlushTailRun(ctx, cfg, kv, launch, committed, record_tiles_out);
 }
 
 }  // namespace
@@ -455,8 +518,8 @@ const BackendOps KVARN_GPU_BACKEND_TABLE = {
     PagedAppendRunOnDevice,
     PagedFlushRunOnDevice,
     PagedAttentionRunOnDevice,
-    nullptr,  // paged_append_tail_run: the tail state is CPU-only for now
-    nullptr,  // paged_flush_tail_run
+    PagedAppendTailRunOnDevice,
+    PagedFlushTailRunOnDevice,
     ErrorWord,
 };
 #endif

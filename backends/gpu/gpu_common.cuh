@@ -36,6 +36,9 @@ enum DeviceErrorKind : int32_t {
   kErrIndptr = 7,      // a = sequence, b = IndptrKind (the range of a is not its own)
   kErrFlushCount = 8,  // a = *n_tiles, b = max_tiles
   kErrFlushEntry = 9,  // a = entry, b = 0: page or block out of its pool, 1: tile_seqs out of range
+  kErrTailSlot = 10,   // a = sequence, b = slot: outside the tail slots
+  kErrTailRow = 11,    // a = sequence, b = row: outside its tail slot's rows
+  kErrCommitted = 12,  // a = sequence, b = committed: outside [record_tiles * G, seq_lens]
 };
 
 __device__ inline void ReportDeviceError(DeviceErrorWords* e, kvarn_status_t code,

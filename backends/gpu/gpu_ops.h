@@ -26,6 +26,13 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
 Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
                      size_t max_tiles, const int32_t* n_tiles, const int32_t* src_pages,
                      const int32_t* dst_blocks, const int32_t* tile_seqs);
+// The per-request tail state (kvarn_experimental.h; kv.tail_states set).
+Status PagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                          const LaunchArgs& launch, const int32_t* token_indptr, size_t max_tokens,
+                          kvarn_dtype_t dtype, const void* k, const void* v);
+Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                         const LaunchArgs& launch, const int32_t* committed,
+                         int32_t* record_tiles_out);
 
 // attention_kernels.cu
 Status AttentionWorkspace(Context* ctx, const Config& cfg, const PagedKV& kv,
