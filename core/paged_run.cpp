@@ -334,17 +334,21 @@ Status OpPagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
   if (!shape.decode() && q_indptr == nullptr) {
     return InvalidArgument("q_indptr is NULL under an extend plan");
   }
+  // The tensors first (a size-0 call reads none of them), then the workspace and the pools.
+  const bool empty = kv.batch == 0 || shape.max_total_q == 0;
+  AttentionArgs a = args;
+  if (!empty) {
+    if (q == nullptr || out == nullptr) return InvalidArgument("q or out is NULL");
+    const size_t rows = static_cast<size_t>(shape.max_total_q);
+    KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.q_row_stride, rows, args.num_q_heads, cfg.D,
+                                           "q_row_stride", &a.q_row_stride));
+    KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.out_row_stride, rows, args.num_q_heads, cfg.D,
+                                           "out_row_stride", &a.out_row_stride));
+  }
   KVARN_RETURN_IF_ERROR(
       CheckWorkspace(launch, plan.workspace, "kvarn_attention_plan_workspace_size"));
   KVARN_RETURN_IF_ERROR(CheckPlanPool(plan, kv));
-  if (kv.batch == 0 || shape.max_total_q == 0) return Status::Ok();
-  if (q == nullptr || out == nullptr) return InvalidArgument("q or out is NULL");
-  AttentionArgs a = args;
-  const size_t rows = static_cast<size_t>(shape.max_total_q);
-  KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.q_row_stride, rows, args.num_q_heads, cfg.D,
-                                         "q_row_stride", &a.q_row_stride));
-  KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.out_row_stride, rows, args.num_q_heads, cfg.D,
-                                         "out_row_stride", &a.out_row_stride));
+  if (empty) return Status::Ok();
   return ctx->ops->paged_attention_run(ctx, cfg, kv, shape, a, plan, launch, q_indptr, q, out, lse);
 }
 

@@ -1,10 +1,13 @@
 // The per-request tail state (kvarn_experimental.h) on the GPU backend, against the CPU backend
 // (the oracle) step by step: the same engine loop (speculative tokens with rollback, chunks of
 // up to max_step tokens, sequences finishing and being replaced) runs on a CPU and a GPU context
-// with the same inputs. After every step the tail slots and the record blocks are bit-equal
-// (the GPU codec is bit-exact with the CPU), record_tiles agrees, and the attention outputs and
-// lse agree to the kernels' precision, on the tensor-core decode and extend kernels and the
-// general kernel. Faults stay in their sequence. Skips without a GPU.
+// with the same inputs. After every step the tail slots are bit-equal (the rotation is the
+// CPU's), record_tiles agrees, every flushed record matches the CPU's as the codec suite
+// requires of the GPU codec (codes identical but for a few in 10^4, reconstruction within
+// relative L2 2e-2), and the attention outputs and lse agree to the kernels' precision, on the
+// tensor-core decode and extend kernels and the general kernel. The flush writes exactly the
+// records kvarn_quantize makes on the same device. Faults stay in their sequence. Skips without a
+// GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +23,7 @@
 #include "kvarn/kvarn_experimental.h"
 #include "support/gpu_test.h"
 #include "support/kvarn_test.h"
+#include "support/reference.h"
 
 namespace {
 
@@ -65,7 +69,7 @@ struct Engine {
     rtiles.assign(c.batch, 0);
     target.assign(c.batch, 0);
     slots.resize(c.batch);
-    for (int b = 0; b < c.batch; ++b) slots[b] = (b * 5 + 3) % c.batch;  // a permutation
+    for (int b = 0; b < c.batch; ++b) slots[b] = c.batch - 1 - b;  // any assignment works
     for (int r = num_blocks - 1; r >= 0; --r) free_blocks.push_back(r);
   }
   int32_t& Entry(int b, int tile) { return table[static_cast<size_t>(b) * max_blocks + tile]; }
@@ -285,6 +289,7 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
 
   for (int b = 0; b < c.batch; ++b) e.target[b] = static_cast<int32_t>(rng.Int(G + 1, max_len));
   int flushed_tiles = 0, replaced = 0;
+  size_t codes = 0, code_diff = 0;  // over every record compared
   for (int step = 0; step < c.steps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const bool decode = step % 3 == 2;
@@ -380,8 +385,24 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
         const size_t off = static_cast<size_t>(e.Entry(b, tile)) * c.Hk * e.record_stride;
         for (int h = 0; h < c.Hk; ++h) {
           const size_t r = off + h * e.record_stride;
-          ASSERT_EQ(std::memcmp(rec0.data() + r, rec1.data() + r, kvt::RecordBytes(cfg)), 0)
-              << "sequence " << b << ", tile " << tile << ", head " << h;
+          const kvt::DecodedRecord x =
+              kvt::DecodeRecord(rec0.data() + r, D, G, cfg.key_bits, cfg.value_bits);
+          const kvt::DecodedRecord y =
+              kvt::DecodeRecord(rec1.data() + r, D, G, cfg.key_bits, cfg.value_bits);
+          for (size_t i = 0; i < x.k_codes.size(); ++i) code_diff += x.k_codes[i] != y.k_codes[i];
+          for (size_t i = 0; i < x.v_codes.size(); ++i) code_diff += x.v_codes[i] != y.v_codes[i];
+          codes += x.k_codes.size() + x.v_codes.size();
+          std::vector<double> kx, ky, vx, vy;
+          for (int t = 0; t < G; ++t) {
+            for (int d = 0; d < D; ++d) {
+              kx.push_back(x.K(t, d));
+              ky.push_back(y.K(t, d));
+              vx.push_back(x.V(t, d));
+              vy.push_back(y.V(t, d));
+            }
+          }
+          ASSERT_LE(kvt::RelL2(ky, kx), 2e-2) << "sequence " << b << ", tile " << tile << " K";
+          ASSERT_LE(kvt::RelL2(vy, vx), 2e-2) << "sequence " << b << ", tile " << tile << " V";
         }
       }
     }
@@ -395,6 +416,8 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
   }
   EXPECT_GT(flushed_tiles, c.batch);
   EXPECT_GT(replaced, 0);
+  EXPECT_LE(static_cast<double>(code_diff), 1e-3 * static_cast<double>(codes))
+      << code_diff << " of " << codes << " codes differ from the CPU's";
 }
 
 const Case kCases[] = {
@@ -480,12 +503,10 @@ TEST(CudaTailStateFaults, StayInTheirSequence) {
                                   KVARN_ERR_INVALID_ARGUMENT, KVARN_ERR_CAPACITY,
                                   KVARN_ERR_INVALID_ARGUMENT}));
   EXPECT_EQ(d_rt.Download<int32_t>(), (std::vector<int32_t>{1, 0, 0, 0, 0, 0}));
-  // Sequence 0's record equals the codec's record of the same tokens (cache frame), and its slot
-  // is empty now (nothing past the tile).
+  // Sequence 0's record is the one kvarn_quantize makes of the same tokens on this device.
   {
     const auto records = Side::Get<uint8_t>(m.records);
     const size_t rb = kvt::RecordBytes(cfg);
-    auto cpu = kvt::MakeCpuContext(1);
     for (int h = 0; h < c.Hk; ++h) {
       std::vector<float> kt(static_cast<size_t>(G) * D), vt(kt.size());
       for (int t = 0; t < G; ++t) {
@@ -495,9 +516,10 @@ TEST(CudaTailStateFaults, StayInTheirSequence) {
           vt[static_cast<size_t>(t) * D + d] = v[src];
         }
       }
-      std::vector<uint8_t> want(rb);
-      KVT_ASSERT_OK(kvarn_quantize(cpu.get(), &cfg, 1, KVARN_DTYPE_F32, kt.data(), vt.data(), 0,
-                                   want.data(), rb));
+      DeviceBuffer dk(gpu.get(), kt), dv(gpu.get(), vt), drec(gpu.get(), rb);
+      KVT_ASSERT_OK(kvarn_quantize(gpu.get(), &cfg, 1, KVARN_DTYPE_F32, dk.get(), dv.get(), 0,
+                                   drec.get(), rb));
+      const auto want = drec.Download<uint8_t>();
       const size_t block = static_cast<size_t>(e.Entry(0, 0));
       EXPECT_EQ(std::memcmp(records.data() + (block * c.Hk + h) * e.record_stride, want.data(), rb),
                 0)
