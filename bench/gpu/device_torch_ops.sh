@@ -37,10 +37,18 @@ echo "build: $(( $(date +%s) - t0 )) s"
 export PYTHONPATH=$PWD/$build/bindings/python${PYTHONPATH:+:$PYTHONPATH}
 export KVARN_SOURCE_DIR=$PWD PYTHONDONTWRITEBYTECODE=1
 export KVARN_TORCH_OPS_CACHE=/tmp/kvarn-torch-ops KVARN_TORCH_OPS_VERBOSE=1
-(cd tests/python && python3 -m pytest -q -p no:cacheprovider -rs test_torch_ops_cpp.py \
-  test_paged_run.py) >"$OUT/pytest_torch_ops.log" 2>&1
-rc=$?
-grep -E "^(FAILED|ERROR|SKIPPED)|passed|failed" "$OUT/pytest_torch_ops.log" | tail -20
-echo "pytest rc=$rc ($(( $(date +%s) - t0 )) s)"
+# One process per test: on the H100 machine's torch 2.11 (not with torch 2.15 on a CPU machine)
+# the process crashed (SIGSEGV) when a C++ op raised, and in at least one more test not yet
+# identified; a crash then names its test and leaves the others running.
+: >"$OUT/pytest_torch_ops.log"
+for id in $(python3 -m pytest -q -p no:cacheprovider --collect-only \
+              tests/python/test_torch_ops_cpp.py tests/python/test_paged_run.py 2>/dev/null |
+            grep '::'); do
+  timeout 300 python3 -X faulthandler -m pytest -q -p no:cacheprovider -rs "$id" \
+    >>"$OUT/pytest_torch_ops.log" 2>&1
+  rc=$?
+  echo "$id rc=$rc" | tee -a "$OUT/pytest_torch_ops.log"
+done
+echo "pytest done ($(( $(date +%s) - t0 )) s)"
 python3 bench/gpu/torch_ops_host.py --device both 2>&1 | grep -v Warning | tee "$OUT/torch_ops_host.md"
 echo "total: $(( $(date +%s) - t0 )) s"
