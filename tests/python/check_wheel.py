@@ -4,7 +4,7 @@
     check_wheel.py <source dir> <wheel>
 
 The wheel (of this source tree's version) holds the package, its stubs, the SWIG module and
-libkvarn.so.<ABI>, no C development files, and the module finds the library through RUNPATH
+libkvarn.so.<ABI>, the C++ torch ops' sources (kvarn/csrc), no other C development files, and the module finds the library through RUNPATH
 $ORIGIN. scripts/wheel-ci.sh runs it on the wheel `pip wheel .` built, before auditwheel and before
 installing it into a fresh venv. Not collected by pytest (no test_ prefix).
 """
@@ -41,7 +41,14 @@ def main() -> int:
         assert required in names, f"{required} missing from the wheel"
     modules = [n for n in names if re.fullmatch(r"kvarn/_capi\..*\.so", n)]
     assert len(modules) == 1, names
-    assert not [n for n in names if n.endswith((".h", ".cmake", ".pc"))], "C development files"
+    # The one header allowed: kvarn/csrc's copy of kvarn.h, which the C++ torch ops
+    # (kvarn.torch_ops_cpp) compile against on first use. No CMake or pkg-config files.
+    torch_ops_sources = {"kvarn/csrc/torch_ops.cpp", "kvarn/csrc/include/kvarn/kvarn.h"}
+    assert torch_ops_sources <= set(names), "the C++ torch ops sources are missing"
+    development = [
+        n for n in names if n.endswith((".h", ".cmake", ".pc")) and n not in torch_ops_sources
+    ]
+    assert not development, f"C development files: {development}"
     if shutil.which("readelf"):
         with tempfile.TemporaryDirectory() as unpacked:
             module = zipfile.ZipFile(wheel).extract(modules[0], unpacked)
