@@ -190,6 +190,13 @@ struct BackendOps {
   Status (*paged_flush_tail_run)(Context* ctx, const Config& cfg, const PagedKV& kv,
                                  const LaunchArgs& launch, const int32_t* committed,
                                  int32_t* record_tiles_out);
+  // Append then flush in one call, the appended rows not bounded by the slot; NULL where the
+  // backend lacks it (the core refuses only this call then).
+  Status (*paged_append_flush_tail_run)(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                        const LaunchArgs& launch, const int32_t* token_indptr,
+                                        size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                                        const void* v, const int32_t* committed,
+                                        int32_t* record_tiles_out);
 
   // The context's error word (kvarn_context_error_word) in its memory, or NULL where every call
   // returns its own errors (the core then hands out Context::host_error_word, always 0).

@@ -254,6 +254,20 @@ Status FlushTailWorkspaceBytes(const Config& cfg, int num_kv_heads, int batch, i
   return Status::Ok();
 }
 
+Status AppendFlushTailWorkspaceBytes(const Config& cfg, int num_kv_heads, int batch,
+                                     int max_step_tokens, size_t max_tokens, size_t* out) {
+  KVARN_RETURN_IF_ERROR(CheckTailArgs(cfg, num_kv_heads, max_step_tokens));
+  if (batch < 0) return InvalidArgument("batch must be >= 0");
+  if (max_tokens > kMaxLaunchItems) return InvalidArgument("max_tokens must be < 2^31");
+  // Sequence b flushes at most (cap + m_b) / G <= cap / G + 1 + m_b / G tiles (cap rows in its
+  // slot before the call, m_b appended), so all together batch * (cap / G + 1) + max_tokens / G.
+  const size_t tiles = static_cast<size_t>(batch) * (TailCap(cfg, max_step_tokens) / cfg.G + 1) +
+                       max_tokens / static_cast<size_t>(cfg.G);
+  KVARN_RETURN_IF_ERROR(CheckFlushRecords(num_kv_heads, tiles));
+  *out = FlushWorkspaceBytes(cfg, num_kv_heads, tiles);
+  return Status::Ok();
+}
+
 Status ParseTailState(const kvarn_tail_state_t* in, const Config& cfg, PagedKV* kv) {
   kvarn_tail_state_t t;
   kvarn_tail_state_defaults(&t);
@@ -311,6 +325,44 @@ Status OpPagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
   KVARN_RETURN_IF_ERROR(FlushTailWorkspaceBytes(cfg, kv.num_kv_heads, kv.batch, max_step, &need));
   KVARN_RETURN_IF_ERROR(CheckWorkspace(launch, need, "kvarn_paged_flush_tail_workspace_size"));
   return ctx->ops->paged_flush_tail_run(ctx, cfg, kv, launch, committed, record_tiles_out);
+}
+
+Status OpPagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                 const LaunchArgs& launch, const int32_t* token_indptr,
+                                 size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                                 const void* v, const int32_t* committed,
+                                 int32_t* record_tiles_out) {
+  KVARN_RETURN_IF_ERROR(CheckContext(ctx));
+  KVARN_RETURN_IF_ERROR(CheckTailBackend(ctx));
+  if (ctx->ops->paged_append_flush_tail_run == nullptr) {
+    return Unsupported(std::string("kvarn_paged_append_flush_tail_run is not supported on the ") +
+                       ctx->ops->name +
+                       " backend (kvarn_paged_append_tail_run and kvarn_paged_flush_tail_run are)");
+  }
+  KVARN_RETURN_IF_ERROR(CheckDtypeArg(dtype, "dtype"));
+  if (kv.batch == 0) return Status::Ok();
+  if (max_tokens > 0 && token_indptr == nullptr) return InvalidArgument("token_indptr is NULL");
+  if (max_tokens > 0 && (k == nullptr || v == nullptr)) return InvalidArgument("k or v is NULL");
+  if (committed == nullptr || record_tiles_out == nullptr) {
+    return InvalidArgument("committed or record_tiles_out is NULL");
+  }
+  if (kv.num_record_blocks == 0) return InvalidArgument("flush needs a record pool");
+  if (max_tokens > kMaxLaunchItems) return InvalidArgument("max_tokens must be < 2^31");
+  LaunchArgs l = launch;
+  if (max_tokens > 0) {
+    KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.k_row_stride, max_tokens, kv.num_kv_heads, cfg.D,
+                                           "k_row_stride", &l.k_row_stride));
+    KVARN_RETURN_IF_ERROR(ResolveRowStride(launch.v_row_stride, max_tokens, kv.num_kv_heads, cfg.D,
+                                           "v_row_stride", &l.v_row_stride));
+  }
+  const int max_step = static_cast<int>(kv.tail_cap - cfg.G + 1);  // cap >= G - 1 + max_step
+  size_t need = 0;
+  KVARN_RETURN_IF_ERROR(
+      AppendFlushTailWorkspaceBytes(cfg, kv.num_kv_heads, kv.batch, max_step, max_tokens, &need));
+  KVARN_RETURN_IF_ERROR(
+      CheckWorkspace(launch, need, "kvarn_paged_append_flush_tail_workspace_size"));
+  return ctx->ops->paged_append_flush_tail_run(ctx, cfg, kv, l, token_indptr, max_tokens, dtype, k,
+                                               v, committed, record_tiles_out);
 }
 
 Status OpPagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,

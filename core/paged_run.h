@@ -42,6 +42,13 @@ Status OpPagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
 Status OpPagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                            const LaunchArgs& launch, const int32_t* committed,
                            int32_t* record_tiles_out);
+Status AppendFlushTailWorkspaceBytes(const Config& cfg, int num_kv_heads, int batch,
+                                     int max_step_tokens, size_t max_tokens, size_t* out);
+Status OpPagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                 const LaunchArgs& launch, const int32_t* token_indptr,
+                                 size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                                 const void* v, const int32_t* committed,
+                                 int32_t* record_tiles_out);
 // kv.tail_states set: refused unless the backend has the tail state.
 Status OpPagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                            const AttentionShape& shape, const AttentionArgs& args,

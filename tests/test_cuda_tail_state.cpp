@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,8 @@ struct Case {
     return n;
   }
 };
+// gtest prints a parameter with this (else as raw bytes, a pointer among them, in the test list).
+void PrintTo(const Case& c, std::ostream* os) { *os << c.Name(); }
 
 std::vector<float> Random(kvt::Rng& rng, size_t n, double scale) {
   std::vector<float> x(n);

@@ -504,6 +504,278 @@ TEST(TailState, PrefixBlocksAreSharedMovedAndRecomputedBitForBit) {
   }
 }
 
+// The rows of sequence b's slot that hold tokens ([0, lens - rtiles * G)), K and V of every head.
+std::vector<uint16_t> SlotRows(const OnePool& p, int b) {
+  const int64_t rows = p.lens[b] - int64_t{p.rtiles[b]} * p.G;
+  const size_t cap = p.slot_bytes / (2 * 2 * kHk * kD);
+  std::vector<uint16_t> out;
+  for (int which = 0; which < 2; ++which) {
+    for (int h = 0; h < kHk; ++h) {
+      const uint16_t* head = p.states.data() + static_cast<size_t>(p.slots[b]) * p.slot_bytes / 2 +
+                             (static_cast<size_t>(which) * kHk + h) * cap * kD;
+      out.insert(out.end(), head, head + rows * kD);
+    }
+  }
+  return out;
+}
+
+TEST(TailState, AppendFlushEqualsAppendThenFlushWithALargeSlot) {
+  // Two copies of one engine: `wide` has slots for 320 tokens a step and runs append, flush;
+  // `narrow` has slots for 4 (decode with 3 drafts) and runs kvarn_paged_append_flush_tail_run,
+  // one call for any prefill chunk. Each step mixes prefill chunks of 1..320 tokens (committed
+  // at once) with speculative steps of 1..4 tokens (committed after attention: 1..n kept, the
+  // rest rolled back, then a flush, in `narrow` the same call with no tokens); sequences finish
+  // and new prompts take their slots. Every step: attention outputs and lse, record_tiles, the
+  // records of every block and the slot rows bit-equal between the two.
+  KVT_SEEDED_RNG(rng, 0);
+  auto ctx = kvt::MakeCpuContext(2);
+  const kvarn_config_t cfg = SinkFree();
+  constexpr int kChunk = 320, kSpec = 4;
+  const int G = cfg.tile_tokens, max_len = 1100, max_blocks = (max_len + kChunk) / G + 2;
+  OnePool wide(cfg, max_blocks, kChunk), narrow(cfg, max_blocks, kSpec);
+  ASSERT_LT(narrow.slot_bytes * 4, wide.slot_bytes);
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  kvarn_attention_shape_t shape;
+  kvarn_attention_shape_defaults(&shape);
+  shape.batch = kBatch;
+  shape.num_kv_heads = kHk;
+  shape.max_blocks_per_seq = max_blocks;
+  shape.max_q_per_seq = kChunk;
+  shape.max_total_q = kBatch * kChunk;
+  kvarn_attention_plan_t* raw_plan = nullptr;
+  KVT_ASSERT_OK(kvarn_attention_plan_create(ctx.get(), &cfg, &shape, &ap, &raw_plan));
+  std::unique_ptr<kvarn_attention_plan_t, PlanDeleter> plan(raw_plan);
+  size_t wide_ws = 0, narrow_ws = 0;
+  KVT_ASSERT_OK(kvarn_paged_flush_tail_workspace_size(&cfg, kHk, kBatch, kChunk, &wide_ws));
+  KVT_ASSERT_OK(kvarn_paged_append_flush_tail_workspace_size(&cfg, kHk, kBatch, kSpec,
+                                                             shape.max_total_q, &narrow_ws));
+  std::vector<uint8_t> ws_w(wide_ws), ws_n(narrow_ws);
+  std::vector<int64_t> prompt(kBatch), target(kBatch);
+  const auto start = [&](int b) {
+    prompt[b] = rng.Int(1, 700);
+    target[b] = prompt[b] + rng.Int(10, 200);
+  };
+  for (int b = 0; b < kBatch; ++b) start(b);
+  int long_chunks = 0, rolled_back = 0, finished = 0;
+  for (int step = 0; step < 160; ++step) {
+    for (int b = 0; b < kBatch; ++b) {
+      if (narrow.committed[b] < target[b]) continue;
+      wide.Release(b);
+      narrow.Release(b);
+      start(b);
+      ++finished;
+    }
+    std::vector<int32_t> indptr(kBatch + 1, 0), n_new(kBatch);
+    std::vector<char> prefill(kBatch);
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t left = prompt[b] - narrow.lens[b];
+      prefill[b] = left > 0;
+      n_new[b] = static_cast<int32_t>(prefill[b] ? std::min<int64_t>(left, rng.Int(1, kChunk))
+                                                 : rng.Int(1, kSpec));
+      long_chunks += n_new[b] > narrow.G;
+      indptr[b + 1] = indptr[b] + n_new[b];
+    }
+    const size_t tokens = static_cast<size_t>(indptr[kBatch]);
+    const auto k = Random(rng, tokens * kHk * kD, 2.0), v = Random(rng, tokens * kHk * kD, 1.0);
+    const auto q = Random(rng, tokens * kHq * kD, 0.3);
+    for (OnePool* p : {&wide, &narrow}) {
+      for (int b = 0; b < kBatch; ++b) {
+        p->Reserve(b, n_new[b]);
+        p->lens[b] += n_new[b];
+        if (prefill[b]) p->committed[b] = p->lens[b];  // a prompt chunk is committed at once
+      }
+    }
+    std::vector<std::vector<float>> outs, lses;
+    for (OnePool* p : {&wide, &narrow}) {
+      kvarn_paged_kv_t kv = p->View();
+      kvarn_tail_state_t tail = p->Tail();
+      kvarn_launch_t launch;
+      kvarn_launch_defaults(&launch);
+      std::vector<uint8_t>& ws = p == &wide ? ws_w : ws_n;
+      launch.workspace = ws.data();
+      launch.workspace_bytes = ws.size();
+      if (p == &wide) {
+        KVT_ASSERT_OK(kvarn_paged_append_tail_run(ctx.get(), &cfg, &kv, &tail, &launch,
+                                                  indptr.data(), tokens, KVARN_DTYPE_F32, k.data(),
+                                                  v.data()));
+        KVT_ASSERT_OK(kvarn_paged_flush_tail_run(ctx.get(), &cfg, &kv, &tail, &launch,
+                                                 p->committed.data(), p->rtiles.data()));
+      } else {
+        KVT_ASSERT_OK(kvarn_paged_append_flush_tail_run(
+            ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(), tokens, KVARN_DTYPE_F32, k.data(),
+            v.data(), p->committed.data(), p->rtiles.data()));
+      }
+      std::vector<float> out(tokens * kHq * kD), lse(tokens * kHq);
+      KVT_ASSERT_OK(kvarn_paged_attention_tail_run(ctx.get(), plan.get(), &kv, &tail, &launch,
+                                                   indptr.data(), q.data(), out.data(),
+                                                   lse.data()));
+      outs.push_back(out);
+      lses.push_back(lse);
+    }
+    ASSERT_EQ(outs[0], outs[1]) << "step " << step;
+    ASSERT_EQ(lses[0], lses[1]) << "step " << step;
+    // Verification of the speculative steps, then the flush of what it committed.
+    for (int b = 0; b < kBatch; ++b) {
+      if (prefill[b]) continue;
+      const int keep = static_cast<int>(rng.Int(1, n_new[b]));
+      rolled_back += n_new[b] - keep;
+      for (OnePool* p : {&wide, &narrow}) {
+        p->committed[b] += keep;
+        p->lens[b] = p->committed[b];
+      }
+    }
+    for (OnePool* p : {&wide, &narrow}) {
+      kvarn_paged_kv_t kv = p->View();
+      kvarn_tail_state_t tail = p->Tail();
+      kvarn_launch_t launch;
+      kvarn_launch_defaults(&launch);
+      std::vector<uint8_t>& ws = p == &wide ? ws_w : ws_n;
+      launch.workspace = ws.data();
+      launch.workspace_bytes = ws.size();
+      if (p == &wide) {
+        KVT_ASSERT_OK(kvarn_paged_flush_tail_run(ctx.get(), &cfg, &kv, &tail, &launch,
+                                                 p->committed.data(), p->rtiles.data()));
+      } else {  // no tokens: a flush
+        KVT_ASSERT_OK(kvarn_paged_append_flush_tail_run(
+            ctx.get(), &cfg, &kv, &tail, &launch, nullptr, 0, KVARN_DTYPE_F32, nullptr, nullptr,
+            p->committed.data(), p->rtiles.data()));
+      }
+    }
+    ASSERT_EQ(wide.rtiles, narrow.rtiles) << "step " << step;
+    for (int b = 0; b < kBatch; ++b) {
+      ASSERT_EQ(narrow.rtiles[b], narrow.committed[b] / G) << "step " << step;
+      ASSERT_EQ(SlotRows(wide, b), SlotRows(narrow, b)) << "step " << step << " sequence " << b;
+      for (int tile = 0; tile < narrow.rtiles[b]; ++tile) {
+        const size_t at = static_cast<size_t>(narrow.Entry(b, tile)) * kHk * narrow.record_stride;
+        ASSERT_EQ(std::memcmp(wide.records.data() + at, narrow.records.data() + at,
+                              kHk * narrow.record_stride),
+                  0)
+            << "step " << step << " sequence " << b << " tile " << tile;
+      }
+    }
+  }
+  EXPECT_GT(long_chunks, 20);
+  EXPECT_GT(rolled_back, 50);
+  EXPECT_GT(finished, 3);
+}
+
+TEST(TailState, AppendFlushFaultsStayInTheirSequence) {
+  KVT_SEEDED_RNG(rng, 0);
+  auto ctx = kvt::MakeCpuContext(2);
+  const kvarn_config_t cfg = SinkFree();
+  const int G = cfg.tile_tokens;
+  OnePool pool(cfg, 6, 1);  // slots of G rows: decode-sized
+  // Every sequence holds 10 tokens (in its slot) and appends 2G + 7: two tiles to flush, 17 rows
+  // stay in the slot.
+  const int before = 10, m = 2 * G + 7;
+  auto k = Random(rng, static_cast<size_t>(kBatch) * m * kHk * kD, 1.0);
+  const auto v = Random(rng, k.size(), 1.0);
+  std::vector<int32_t> indptr(kBatch + 1);
+  for (int b = 0; b <= kBatch; ++b) indptr[b] = b * m;
+  std::vector<uint8_t> ws;
+  size_t ws_bytes = 0;
+  KVT_ASSERT_OK(
+      kvarn_paged_append_flush_tail_workspace_size(&cfg, kHk, kBatch, 1, kBatch * m, &ws_bytes));
+  ws.resize(ws_bytes);
+  kvarn_launch_t launch;
+  kvarn_launch_defaults(&launch);
+  launch.workspace = ws.data();
+  launch.workspace_bytes = ws.size();
+  {  // the first 10 tokens of each sequence: an append_flush that flushes nothing
+    for (int b = 0; b < kBatch; ++b) {
+      pool.Reserve(b, before + m);
+      pool.lens[b] = before;
+    }
+    std::vector<int32_t> first(kBatch + 1);
+    for (int b = 0; b <= kBatch; ++b) first[b] = b * before;
+    const auto k0 = Random(rng, static_cast<size_t>(kBatch) * before * kHk * kD, 1.0);
+    kvarn_paged_kv_t kv = pool.View();
+    kvarn_tail_state_t tail = pool.Tail();
+    pool.committed = pool.lens;
+    KVT_ASSERT_OK(kvarn_paged_append_flush_tail_run(
+        ctx.get(), &cfg, &kv, &tail, &launch, first.data(), first[kBatch], KVARN_DTYPE_F32,
+        k0.data(), k0.data(), pool.committed.data(), pool.rtiles.data()));
+    EXPECT_EQ(pool.rtiles, std::vector<int32_t>(kBatch, 0));
+  }
+  k[(static_cast<size_t>(indptr[1]) + 70) * kHk * kD + 5] = NAN;  // sequence 1: a NaN key
+  for (int b = 0; b < kBatch; ++b) pool.lens[b] += m;
+  pool.committed = pool.lens;
+  pool.committed[2] = pool.lens[2] + 1;  // sequence 2: committed past seq_lens
+  pool.committed[3] = before + 3;        // sequence 3: all 2G + 17 rows stay: more than the slot
+  pool.Entry(4, 1) = pool.num_blocks;    // sequence 4: its second tile's block is outside
+  std::vector<int32_t> status(kBatch, 0);
+  status[5] = KVARN_ERR_CAPACITY;  // the engine faulted sequence 5 itself
+  launch.seq_status = status.data();
+  kvarn_paged_kv_t kv = pool.View();
+  kvarn_tail_state_t tail = pool.Tail();
+  const std::vector<uint16_t> states0 = pool.states;
+  const std::vector<uint8_t> records0 = pool.records;
+  std::vector<int32_t> rt_out(kBatch, -7);
+  launch.workspace_bytes = ws.size() - 1;
+  EXPECT_TRUE(
+      IsError(kvarn_paged_append_flush_tail_run(ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(),
+                                                indptr[kBatch], KVARN_DTYPE_F32, k.data(), v.data(),
+                                                pool.committed.data(), rt_out.data()),
+              KVARN_ERR_BUFFER_TOO_SMALL, "kvarn_paged_append_flush_tail_workspace_size"));
+  EXPECT_EQ(rt_out, std::vector<int32_t>(kBatch, -7));
+  launch.workspace_bytes = ws.size();
+  KVT_ASSERT_OK(kvarn_paged_append_flush_tail_run(
+      ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(), indptr[kBatch], KVARN_DTYPE_F32,
+      k.data(), v.data(), pool.committed.data(), rt_out.data()));
+  EXPECT_EQ(status, (std::vector<int32_t>{0, KVARN_ERR_NON_FINITE, KVARN_ERR_INVALID_ARGUMENT,
+                                          KVARN_ERR_INVALID_ARGUMENT, KVARN_ERR_INVALID_ARGUMENT,
+                                          KVARN_ERR_CAPACITY}));
+  EXPECT_EQ(rt_out, (std::vector<int32_t>{2, 0, 0, 0, 0, 0}));
+  const size_t slot_halves = pool.slot_bytes / 2;
+  for (int b = 1; b < kBatch; ++b) {  // the faulty sequences' slots and blocks are as before
+    const size_t s0 = static_cast<size_t>(pool.slots[b]) * slot_halves;
+    EXPECT_TRUE(std::equal(states0.begin() + s0, states0.begin() + s0 + slot_halves,
+                           pool.states.begin() + s0))
+        << "sequence " << b;
+    for (int tile = 0; tile < 2; ++tile) {
+      const int32_t id = pool.Entry(b, tile);
+      if (id < 0 || id >= pool.num_blocks) continue;
+      const size_t at = static_cast<size_t>(id) * kHk * pool.record_stride;
+      EXPECT_EQ(
+          std::memcmp(records0.data() + at, pool.records.data() + at, kHk * pool.record_stride), 0)
+          << "sequence " << b << " tile " << tile;
+    }
+  }
+  // Sequence 0: its second tile (positions G .. 2G-1, all appended now) is the codec's record of
+  // those tokens, and its slot holds the last 17 rows.
+  {
+    std::vector<uint8_t> want(kHk * pool.record_stride);
+    for (int h = 0; h < kHk; ++h) {
+      std::vector<float> kt(static_cast<size_t>(G) * kD), vt(kt.size());
+      for (int t = 0; t < G; ++t) {
+        for (int d = 0; d < kD; ++d) {
+          const size_t src = ((static_cast<size_t>(G - before) + t) * kHk + h) * kD + d;
+          kt[static_cast<size_t>(t) * kD + d] = k[src];
+          vt[static_cast<size_t>(t) * kD + d] = v[src];
+        }
+      }
+      KVT_ASSERT_OK(kvarn_quantize(ctx.get(), &cfg, 1, KVARN_DTYPE_F32, kt.data(), vt.data(), 0,
+                                   want.data() + h * pool.record_stride, pool.record_stride));
+    }
+    const size_t at = static_cast<size_t>(pool.Entry(0, 1)) * kHk * pool.record_stride;
+    EXPECT_EQ(std::memcmp(pool.records.data() + at, want.data(), want.size()), 0);
+    pool.rtiles = rt_out;
+    EXPECT_EQ(SlotRows(pool, 0).size(), 2u * kHk * 17 * kD);
+  }
+  // Argument errors: NULL committed, NULL k with tokens.
+  launch.seq_status = nullptr;
+  EXPECT_TRUE(IsError(kvarn_paged_append_flush_tail_run(
+                          ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(), indptr[kBatch],
+                          KVARN_DTYPE_F32, k.data(), v.data(), nullptr, rt_out.data()),
+                      KVARN_ERR_INVALID_ARGUMENT, "committed"));
+  EXPECT_TRUE(IsError(kvarn_paged_append_flush_tail_run(
+                          ctx.get(), &cfg, &kv, &tail, &launch, indptr.data(), indptr[kBatch],
+                          KVARN_DTYPE_F32, nullptr, v.data(), pool.committed.data(), rt_out.data()),
+                      KVARN_ERR_INVALID_ARGUMENT, "k or v"));
+}
+
 TEST(TailState, FaultsStayInTheirSequenceAndBadArgumentsAreRefused) {
   KVT_SEEDED_RNG(rng, 0);
   auto ctx = kvt::MakeCpuContext(1);

@@ -84,6 +84,7 @@ const BackendOps kCpuBackend = {
     PagedAttentionRun,
     PagedAppendTailRun,
     PagedFlushTailRun,
+    PagedAppendFlushTailRun,
     nullptr,  // error_word: every CPU error is returned by its own call
 };
 

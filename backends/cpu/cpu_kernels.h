@@ -61,6 +61,10 @@ Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const L
 Status PagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                           const LaunchArgs& launch, const int32_t* token_indptr, size_t max_tokens,
                           kvarn_dtype_t dtype, const void* k, const void* v);
+Status PagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                               const LaunchArgs& launch, const int32_t* token_indptr,
+                               size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v,
+                               const int32_t* committed, int32_t* record_tiles_out);
 Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                          const LaunchArgs& launch, const int32_t* committed,
                          int32_t* record_tiles_out);

@@ -88,19 +88,26 @@ Status AttentionPlanFor(Context*, const Config&, const AttentionShape& shape,
 
 namespace {
 
-// The run-call append of both memory models. check(b, t) -> Status: the token's destination is
-// valid (a data error of sequence b otherwise); dest(b, t, which) -> uint16_t*: the fp16 row of
-// head 0 of token t of sequence b in K (which 0) or V (1), heads `head_stride` halves apart, or
-// NULL to skip the token (padding). Every row is converted and staged first, so a faulty sequence
-// writes nothing.
-template <typename Check, typename Dest>
-Status AppendRows(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
-                  const int32_t* indptr, size_t max_tokens, kvarn_dtype_t dtype, const void* k,
-                  const void* v, size_t head_stride, const Check& check, const Dest& dest) {
+// The input rows of a run-call append in the cache frame: fp16, dense [token][Hk][D].
+struct StagedRows {
+  std::vector<uint16_t> k, v;
+  std::vector<char> take;  // sequence b passed its checks and every row converted
+};
+
+// Validates and converts the rows of every sequence: seq_check(b) -> Status, a data error of
+// sequence b; wanted(b, t): the token is stored (false: padding, not converted). A sequence with
+// a fault (its check, a non-finite or fp16-overflowing row, its token_indptr range) is recorded
+// in `faults` and left out of rows->take.
+template <typename SeqCheck, typename Wanted>
+void StageRows(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+               const int32_t* indptr, size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+               const void* v, const SeqCheck& seq_check, const Wanted& wanted, Faults& faults,
+               StagedRows* rows) {
   const int D = cfg.D, Hk = kv.num_kv_heads;
-  Faults faults(launch.seq_status, kv.batch);
-  std::vector<uint16_t> kh(max_tokens * Hk * D), vh(max_tokens * Hk * D);
-  std::vector<char> take(kv.batch, 0);
+  rows->k.assign(max_tokens * Hk * D, 0);
+  rows->v.assign(max_tokens * Hk * D, 0);
+  rows->take.assign(kv.batch, 0);
+  std::vector<char>& take = rows->take;
   const std::vector<std::string> ranges =
       IndptrFaults(indptr, kv.batch, static_cast<int64_t>(max_tokens), "token_indptr");
   for (int b = 0; b < kv.batch; ++b) {
@@ -109,15 +116,12 @@ Status AppendRows(Context* ctx, const Config& cfg, const PagedKV& kv, const Laun
       faults.Set(b, InvalidArgument(ranges[b]));
       continue;
     }
-    const int64_t begin = indptr[b], end = indptr[b + 1];
-    for (int64_t t = begin; t < end; ++t) {
-      Status st = check(b, t);
-      if (!st.ok()) {
-        faults.Set(b, std::move(st));
-        break;
-      }
+    Status st = seq_check(b);
+    if (!st.ok()) {
+      faults.Set(b, std::move(st));
+      continue;
     }
-    take[b] = !faults.Failed(b);
+    take[b] = 1;
   }
   const Kernels& K = KernelsFor(ctx->isa);
   std::vector<Status> row_status(max_tokens);
@@ -125,7 +129,7 @@ Status AppendRows(Context* ctx, const Config& cfg, const PagedKV& kv, const Laun
     if (!take[b]) return;
     std::vector<float> row(D), scratch(D);
     for (int64_t t = indptr[b]; t < indptr[b + 1]; ++t) {
-      if (dest(static_cast<int>(b), t, 0) == nullptr) continue;
+      if (!wanted(static_cast<int>(b), t)) continue;
       for (int h = 0; h < Hk; ++h) {
         const size_t off = (static_cast<size_t>(t) * Hk + h) * D;  // staged rows are dense
         for (int which = 0; which < 2; ++which) {
@@ -133,7 +137,7 @@ Status AppendRows(Context* ctx, const Config& cfg, const PagedKV& kv, const Laun
           LoadRow(dtype, which ? v : k, static_cast<size_t>(t * stride + int64_t{h} * D), D,
                   row.data());
           if (K.to_cache_frame(row.data(), D, which ? cfg.v_rotate : cfg.k_rotate, scratch.data(),
-                               (which ? vh.data() : kh.data()) + off)) {
+                               (which ? rows->v.data() : rows->k.data()) + off)) {
             continue;
           }
           bool finite = true;
@@ -157,17 +161,38 @@ Status AppendRows(Context* ctx, const Config& cfg, const PagedKV& kv, const Laun
       }
     }
   }
+}
+
+// The run-call append of both memory models. check(b, t) -> Status: the token's destination is
+// valid (a data error of sequence b otherwise); dest(b, t, which) -> uint16_t*: the fp16 row of
+// head 0 of token t of sequence b in K (which 0) or V (1), heads `head_stride` halves apart, or
+// NULL to skip the token (padding). Every row is converted and staged first, so a faulty sequence
+// writes nothing.
+template <typename Check, typename Dest>
+Status AppendRows(Context* ctx, const Config& cfg, const PagedKV& kv, const LaunchArgs& launch,
+                  const int32_t* indptr, size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                  const void* v, size_t head_stride, const Check& check, const Dest& dest) {
+  const int D = cfg.D, Hk = kv.num_kv_heads;
+  Faults faults(launch.seq_status, kv.batch);
+  StagedRows rows;
+  const auto seq_check = [&](int b) -> Status {
+    for (int64_t t = indptr[b]; t < indptr[b + 1]; ++t) KVARN_RETURN_IF_ERROR(check(b, t));
+    return Status::Ok();
+  };
+  const auto wanted = [&](int b, int64_t t) { return dest(b, t, 0) != nullptr; };
+  StageRows(ctx, cfg, kv, launch, indptr, max_tokens, dtype, k, v, seq_check, wanted, faults,
+            &rows);
   if (launch.seq_status == nullptr && faults.AnyFailed()) return faults.Finish();
   for (int b = 0; b < kv.batch; ++b) {
-    if (!take[b]) continue;
+    if (!rows.take[b]) continue;
     for (int64_t t = indptr[b]; t < indptr[b + 1]; ++t) {
       uint16_t* kd = dest(b, t, 0);
       if (kd == nullptr) continue;
       uint16_t* vd = dest(b, t, 1);
       for (int h = 0; h < Hk; ++h) {
         const size_t src = (static_cast<size_t>(t) * Hk + h) * D;
-        std::memcpy(kd + h * head_stride, kh.data() + src, 2 * D);
-        std::memcpy(vd + h * head_stride, vh.data() + src, 2 * D);
+        std::memcpy(kd + h * head_stride, rows.k.data() + src, 2 * D);
+        std::memcpy(vd + h * head_stride, rows.v.data() + src, 2 * D);
       }
     }
   }
@@ -178,6 +203,22 @@ Status AppendRows(Context* ctx, const Config& cfg, const PagedKV& kv, const Laun
 uint16_t* TailSlot(const PagedKV& kv, int64_t s, int which, int D) {
   return kv.tail_states + static_cast<size_t>(s) * kv.tail_slot_elems +
          static_cast<size_t>(which) * kv.num_kv_heads * kv.tail_cap * D;
+}
+
+// The blocks tiles [rt, end) of sequence b are flushed into: inside the table and the pool.
+Status CheckFlushBlocks(const PagedKV& kv, int b, int64_t rt, int64_t end) {
+  const std::string who = "sequence " + std::to_string(b) + ": ";
+  if (end > kv.max_blocks_per_seq) {
+    return InvalidArgument(who + std::to_string(end) + " tiles, more than max_blocks_per_seq");
+  }
+  for (int64_t tile = rt; tile < end; ++tile) {
+    const int32_t id = kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + tile];
+    if (id < 0 || id >= kv.num_record_blocks) {
+      return InvalidArgument(who + "block_table entry " + std::to_string(tile) + " = " +
+                             std::to_string(id) + " is outside the record pool");
+    }
+  }
+  return Status::Ok();
 }
 
 }  // namespace
@@ -260,16 +301,8 @@ Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
     } else if (c / G > rt && (kv.tail_slots[b] < 0 || kv.tail_slots[b] >= kv.num_tail_slots)) {
       st = InvalidArgument(who + "tail slot " + std::to_string(kv.tail_slots[b]) +
                            " is outside the slots");
-    } else if (c / G > kv.max_blocks_per_seq) {
-      st = InvalidArgument(who + std::to_string(c / G) + " tiles, more than max_blocks_per_seq");
     } else {
-      for (int64_t tile = rt; tile < c / G && st.ok(); ++tile) {
-        const int32_t id = kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + tile];
-        if (id < 0 || id >= kv.num_record_blocks) {
-          st = InvalidArgument(who + "block_table entry " + std::to_string(tile) + " = " +
-                               std::to_string(id) + " is outside the record pool");
-        }
-      }
+      st = CheckFlushBlocks(kv, b, rt, c / G);
     }
     if (!st.ok()) {
       faults.Set(b, std::move(st));
@@ -328,6 +361,141 @@ Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
       }
     }
     record_tiles_out[b] = static_cast<int32_t>(rt + n_flush[b]);
+  }
+  return faults.Finish();
+}
+
+Status PagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                               const LaunchArgs& launch, const int32_t* indptr, size_t max_tokens,
+                               kvarn_dtype_t dtype, const void* k, const void* v,
+                               const int32_t* committed, int32_t* record_tiles_out) {
+  const int D = cfg.D, G = cfg.G, Hk = kv.num_kv_heads;
+  const size_t rb = cfg.record_bytes();
+  const int64_t cap = kv.tail_cap;
+  std::vector<int32_t> no_tokens;
+  if (max_tokens == 0) {  // a flush: every sequence appends nothing
+    no_tokens.assign(static_cast<size_t>(kv.batch) + 1, 0);
+    indptr = no_tokens.data();
+  }
+  // Sequence b: n rows after the append, n_old before it, rt record tiles, c committed; rows at
+  // positions [rt * G, n_old) are in its slot, [n_old, n) are input tokens indptr[b]...
+  const auto appended = [&](int b) { return int64_t{indptr[b + 1]} - indptr[b]; };
+  const auto seq_check = [&](int b) -> Status {
+    const int64_t n = kv.seq_lens[b], rt = kv.record_tiles[b], c = committed[b];
+    const int64_t n_old = n - appended(b);
+    const std::string who = "sequence " + std::to_string(b) + ": ";
+    if (rt < 0 || n_old < rt * G) {
+      return InvalidArgument(who + "seq_lens " + std::to_string(n) + " less the " +
+                             std::to_string(appended(b)) + " appended tokens is below " +
+                             "record_tiles * G = " + std::to_string(rt * G));
+    }
+    if (n_old - rt * G > cap) {
+      return InvalidArgument(who + std::to_string(n_old - rt * G) + " tokens in the slot " +
+                             "before the append, more than its " + std::to_string(cap) + " rows");
+    }
+    if (c < rt * G || c > n) {
+      return InvalidArgument(who + "committed " + std::to_string(c) +
+                             " is outside [record_tiles * G = " + std::to_string(rt * G) +
+                             ", seq_lens = " + std::to_string(n) + "]");
+    }
+    if (n - c / G * G > cap) {
+      return InvalidArgument(who + std::to_string(n - c / G * G) + " tokens past the committed " +
+                             "tiles, more than the tail slot's " + std::to_string(cap) + " rows");
+    }
+    if (n > rt * G && (kv.tail_slots[b] < 0 || kv.tail_slots[b] >= kv.num_tail_slots)) {
+      return InvalidArgument(who + "tail slot " + std::to_string(kv.tail_slots[b]) +
+                             " is outside the " + std::to_string(kv.num_tail_slots) + " slots");
+    }
+    return CheckFlushBlocks(kv, b, rt, c / G);
+  };
+  Faults faults(launch.seq_status, kv.batch);
+  StagedRows rows;
+  StageRows(
+      ctx, cfg, kv, launch, indptr, max_tokens, dtype, k, v, seq_check,
+      [](int, int64_t) { return true; }, faults, &rows);
+  // Staged records: sequence b's j-th flushed tile, head h, at ((first[b] + j) * Hk + h).
+  std::vector<int64_t> first(static_cast<size_t>(kv.batch) + 1, 0);
+  for (int b = 0; b < kv.batch; ++b) {
+    const int64_t n_flush = rows.take[b] ? committed[b] / G - kv.record_tiles[b] : 0;
+    first[b + 1] = first[b] + n_flush;
+  }
+  uint8_t* staged = static_cast<uint8_t*>(launch.workspace);
+  const size_t items = static_cast<size_t>(first[kv.batch]) * Hk;
+  std::vector<Status> item_status(items);
+  // Position p of sequence b, head h, K (which 0) or V: a slot row or a staged input row.
+  const auto row_at = [&](int b, int64_t p, int h, int which) -> const uint16_t* {
+    const int64_t n_old = kv.seq_lens[b] - appended(b), rt = kv.record_tiles[b];
+    if (p < n_old) {
+      return TailSlot(kv, kv.tail_slots[b], which, D) +
+             (static_cast<size_t>(h) * cap + static_cast<size_t>(p - rt * G)) * D;
+    }
+    const size_t t = static_cast<size_t>(indptr[b] + (p - n_old));
+    return (which ? rows.v.data() : rows.k.data()) + (t * Hk + h) * D;
+  };
+  const Kernels& K = KernelsFor(ctx->isa);
+  ctx->pool->ParallelFor(items, [&](size_t item) {
+    const size_t tile_index = item / Hk;
+    const int h = static_cast<int>(item % Hk);
+    const int b = static_cast<int>(
+        std::upper_bound(first.begin(), first.end(), static_cast<int64_t>(tile_index)) -
+        first.begin() - 1);
+    const int64_t tile = kv.record_tiles[b] + (static_cast<int64_t>(tile_index) - first[b]);
+    std::vector<uint16_t> kt(static_cast<size_t>(G) * D), vt(static_cast<size_t>(G) * D);
+    for (int r = 0; r < G; ++r) {
+      std::memcpy(kt.data() + static_cast<size_t>(r) * D, row_at(b, tile * G + r, h, 0), 2 * D);
+      std::memcpy(vt.data() + static_cast<size_t>(r) * D, row_at(b, tile * G + r, h, 1), 2 * D);
+    }
+    TileScratch scratch;
+    Status r = QuantizeRecord(cfg, kt.data(), vt.data(), staged + item * rb, scratch, &K);
+    if (!r.ok()) {
+      item_status[item] = {r.code(), "sequence " + std::to_string(b) + ", tile " +
+                                         std::to_string(tile) + ", head " + std::to_string(h) +
+                                         ": " + r.message()};
+    }
+  });
+  for (size_t item = 0; item < items; ++item) {
+    if (item_status[item].ok()) continue;
+    const int b = static_cast<int>(
+        std::upper_bound(first.begin(), first.end(), static_cast<int64_t>(item / Hk)) -
+        first.begin() - 1);
+    faults.Set(b, item_status[item]);
+  }
+  if (launch.seq_status == nullptr && faults.AnyFailed()) return faults.Finish();
+  for (int b = 0; b < kv.batch; ++b) {
+    const int32_t rt = kv.record_tiles[b];
+    if (!rows.take[b] || faults.Failed(b)) {
+      record_tiles_out[b] = rt;
+      continue;
+    }
+    const int64_t n = kv.seq_lens[b], n_old = n - appended(b), rt_new = committed[b] / G;
+    for (int64_t j = 0; j < rt_new - rt; ++j) {
+      const size_t block = static_cast<size_t>(
+          kv.block_table[static_cast<size_t>(b) * kv.max_blocks_per_seq + rt + j]);
+      for (int h = 0; h < Hk; ++h) {
+        const size_t item = static_cast<size_t>(first[b] + j) * Hk + h;
+        std::memcpy(kv.records + (block * Hk + h) * kv.record_stride, staged + item * rb, rb);
+      }
+    }
+    // The slot keeps positions [rt_new * G, n): the old rows move down, the new rows follow.
+    if (n > rt_new * G) {
+      for (int which = 0; which < 2; ++which) {
+        const std::vector<uint16_t>& in = which ? rows.v : rows.k;
+        for (int h = 0; h < Hk; ++h) {
+          uint16_t* head =
+              TailSlot(kv, kv.tail_slots[b], which, D) + static_cast<size_t>(h) * cap * D;
+          if (n_old > rt_new * G) {
+            std::memmove(head, head + static_cast<size_t>(rt_new - rt) * G * D,
+                         static_cast<size_t>(n_old - rt_new * G) * D * 2);
+          }
+          for (int64_t p = std::max(n_old, rt_new * G); p < n; ++p) {
+            const size_t t = static_cast<size_t>(indptr[b] + (p - n_old));
+            std::memcpy(head + static_cast<size_t>(p - rt_new * G) * D,
+                        in.data() + (t * Hk + h) * D, 2 * D);
+          }
+        }
+      }
+    }
+    record_tiles_out[b] = static_cast<int32_t>(rt_new);
   }
   return faults.Finish();
 }

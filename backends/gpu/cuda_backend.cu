@@ -520,6 +520,7 @@ const BackendOps KVARN_GPU_BACKEND_TABLE = {
     PagedAttentionRunOnDevice,
     PagedAppendTailRunOnDevice,
     PagedFlushTailRunOnDevice,
+    nullptr,  // paged_append_flush_tail_run: CPU only so far
     ErrorWord,
 };
 #endif

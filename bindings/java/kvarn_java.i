@@ -317,6 +317,8 @@ KVARN_JAVA_STRUCT(kvarn_attention_shape, kvarn_attention_shape_t,
 %ignore kvarn_paged_append_tail_run;
 %ignore kvarn_paged_flush_tail_workspace_size;
 %ignore kvarn_paged_flush_tail_run;
+%ignore kvarn_paged_append_flush_tail_workspace_size;
+%ignore kvarn_paged_append_flush_tail_run;
 %ignore kvarn_paged_attention_tail_run;
 %include "kvarn/kvarn_experimental.h"
 

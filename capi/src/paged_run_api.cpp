@@ -247,6 +247,34 @@ kvarn_status_t kvarn_paged_flush_tail_run(kvarn_context_t* context, const kvarn_
   });
 }
 
+kvarn_status_t kvarn_paged_append_flush_tail_workspace_size(const kvarn_config_t* config,
+                                                            int32_t num_kv_heads, int32_t batch,
+                                                            int32_t max_step_tokens,
+                                                            size_t max_tokens, size_t* out_bytes) {
+  return Guard([&]() -> Status {
+    Config c;
+    KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
+    if (out_bytes == nullptr) return kvarn::InvalidArgument("out_bytes is NULL");
+    return kvarn::AppendFlushTailWorkspaceBytes(c, num_kv_heads, batch, max_step_tokens, max_tokens,
+                                                out_bytes);
+  });
+}
+
+kvarn_status_t kvarn_paged_append_flush_tail_run(
+    kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
+    const kvarn_tail_state_t* tail, const kvarn_launch_t* launch, const int32_t* token_indptr,
+    size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v, const int32_t* committed,
+    int32_t* record_tiles_out) {
+  return Guard([&]() -> Status {
+    Config c;
+    PagedKV p;
+    LaunchArgs l;
+    KVARN_RETURN_IF_ERROR(ParseTailRunCommon(context, config, kv, tail, launch, &c, &p, &l));
+    return kvarn::OpPagedAppendFlushTailRun(context->impl.get(), c, p, l, token_indptr, max_tokens,
+                                            dtype, k, v, committed, record_tiles_out);
+  });
+}
+
 kvarn_status_t kvarn_paged_attention_tail_run(kvarn_context_t* context,
                                               const kvarn_attention_plan_t* plan,
                                               const kvarn_paged_kv_t* kv,

@@ -1,7 +1,7 @@
 """The experimental per-request tail state through the package (kvarn.TailState,
-paged_append_tail_run, TailFlushPlan, AttentionPlan.run(tail=...)): an engine loop with
-speculative tokens and rollback gives, bit for bit, what the managed cache (kvarn.Cache) gives
-for the same steps. CPU only (other backends refuse the calls)."""
+paged_append_tail_run, TailFlushPlan (run, append_run), AttentionPlan.run(tail=...)): engine
+loops (speculative tokens with rollback; long prefill chunks into decode-sized slots) give, bit
+for bit, what the managed cache (kvarn.Cache) gives for the same steps. CPU."""
 
 from __future__ import annotations
 
@@ -92,6 +92,65 @@ def test_speculative_loop_matches_the_managed_cache(ctx, config, rng):
                 cache.remove_sequence(b)
                 cache.add_sequence(b)
     assert flushed > 10 and rolled_back > 50
+
+
+def test_long_prefill_chunks_fit_a_decode_sized_slot(ctx, config, rng):
+    """TailFlushPlan.append_run: prompts prefilled in chunks of up to 200 tokens into slots
+    sized for decode (max_step_tokens 1, 64 rows), then decode; against the managed cache."""
+    g = config.tile_tokens
+    chunk, max_len = 200, 700
+    max_blocks = max_len // g + 2
+    kv = kvarn.PagedKV.allocate(ctx, config, num_kv_heads=HK, num_record_blocks=B * max_blocks,
+                                num_pages=0, batch=B, max_blocks_per_seq=max_blocks)
+    tail = kvarn.TailState(ctx, config, num_kv_heads=HK, num_slots=B)  # max_step_tokens 1
+    assert tail.slot_bytes == 2 * HK * g * D * 2
+    slots = np.array([2, 0, 3, 1], np.int32)
+    flush = kvarn.TailFlushPlan(ctx, config, num_kv_heads=HK, batch=B, max_tokens=B * chunk)
+    plan = kvarn.AttentionPlan(ctx, config, batch=B, num_kv_heads=HK,
+                               max_blocks_per_seq=max_blocks, num_q_heads=HQ,
+                               max_q_per_seq=chunk, max_total_q=B * chunk)
+    cache = kvarn.Cache(config, num_kv_heads=HK, max_tokens=B * (max_len + g), max_sequences=B,
+                        ctx=ctx)
+    kv.block_table[:] = -1
+    kv.seq_lens[:] = 0
+    kv.record_tiles[:] = 0
+    free = list(range(B * max_blocks - 1, -1, -1))
+    prompt = rng.integers(150, 600, size=B)
+    long_chunks = 0
+    for b in range(B):
+        cache.add_sequence(b)
+    for step in range(25):
+        left = prompt - kv.seq_lens
+        n = np.where(left > 0, np.minimum(left, rng.integers(1, chunk + 1, size=B)), 1)
+        n = n.astype(np.int32)
+        long_chunks += int((n > g).sum())
+        indptr = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+        tokens = int(indptr[-1])
+        k = (2.0 * rng.standard_normal((tokens, HK, D))).astype(np.float32)
+        v = rng.standard_normal((tokens, HK, D)).astype(np.float32)
+        q = (0.3 * rng.standard_normal((B * chunk, HQ, D))).astype(np.float32)
+        for b in range(B):
+            first, last = int(kv.seq_lens[b]), int(kv.seq_lens[b]) + int(n[b]) - 1
+            for t in range(first // g, last // g + 1):
+                if kv.block_table[b, t] < 0:
+                    kv.block_table[b, t] = free.pop()
+        kv.seq_lens[:] += n
+        committed = kv.seq_lens.copy()  # every token is committed at once
+        flush.append_run(kv, tail, slots, indptr, k, v, committed)
+        assert np.array_equal(kv.record_tiles, committed // g)
+        out, lse = plan.run(kv, q, q_indptr=indptr, return_lse=True, tail=tail,
+                            tail_slots=slots)
+        for b in range(B):
+            cache.append(b, 0, k[indptr[b]:indptr[b + 1]], v[indptr[b]:indptr[b + 1]])
+        ref_out, ref_lse = cache.attention(0, list(range(B)), q[:tokens], q_indptr=indptr,
+                                           return_lse=True)
+        np.testing.assert_array_equal(out[:tokens], ref_out, err_msg=f"step {step}")
+        np.testing.assert_array_equal(lse[:tokens], ref_lse, err_msg=f"step {step}")
+    assert long_chunks > 5
+    with pytest.raises(kvarn.ShapeError, match="max_tokens"):
+        big = np.zeros((B * chunk + 1, HK, D), np.float32)
+        flush.append_run(kv, tail, slots, np.zeros(B + 1, np.int32), big, big,
+                         kv.seq_lens.copy())
 
 
 def test_argument_errors(ctx, config):

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ostream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -194,6 +195,8 @@ struct VariantCase {
   float scale = 0.f;  // 0 = 1/sqrt(D)
   int splits = 0;     // num_splits (0 = automatic)
 };
+// gtest prints a parameter with this (else as raw bytes, in the test list ctest reads).
+inline void PrintTo(const VariantCase& c, std::ostream* os) { *os << c.name; }
 
 struct VariantCaseData {
   PagedCache pc;

@@ -12,9 +12,10 @@ function without its prefix):
   :class:`AttentionPlan`, :class:`FlushPlan`, :func:`paged_append_run`, :func:`paged_flush_run`,
   :func:`paged_attention_run`, and the torch custom ops ``torch.ops.kvarn.*``
   (:func:`register_torch_ops`, :mod:`kvarn.torch_ops`, :func:`torch_handle`);
-- experimental (kvarn_experimental.h, no stability promise, CPU only): the per-request tail state
-  of the one-pool memory model, :class:`TailState`, :func:`tail_state_bytes`,
-  :func:`paged_append_tail_run`, :class:`TailFlushPlan` and ``AttentionPlan.run(tail=...)``;
+- experimental (kvarn_experimental.h, no stability promise; CPU and CUDA, ``append_run`` CPU
+  only): the per-request tail state of the one-pool memory model, :class:`TailState`,
+  :func:`tail_state_bytes`, :func:`paged_append_tail_run`, :class:`TailFlushPlan` (``run``,
+  ``append_run``) and ``AttentionPlan.run(tail=...)``;
 - the managed cache :class:`Cache`;
 - :func:`selftest`;
 - :class:`Error` and its subclasses, one per status, each carrying ``.status``.

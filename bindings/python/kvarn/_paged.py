@@ -651,7 +651,8 @@ def paged_append_tail_run(
 
 class TailFlushPlan:
     """The workspace of :meth:`run` (``kvarn_paged_flush_tail_run``) for `batch` sequences,
-    allocated once in the context's memory. Experimental."""
+    and with ``max_tokens`` > 0 of :meth:`append_run` (``kvarn_paged_append_flush_tail_run``)
+    for up to that many appended tokens, allocated once in the context's memory. Experimental."""
 
     def __init__(
         self,
@@ -661,6 +662,7 @@ class TailFlushPlan:
         num_kv_heads: int,
         batch: int,
         max_step_tokens: int = 1,
+        max_tokens: int = 0,
         like: Any = None,
     ) -> None:
         self.ctx = ctx
@@ -668,8 +670,16 @@ class TailFlushPlan:
         self.num_kv_heads = int(num_kv_heads)
         self.batch = int(batch)
         self.max_step_tokens = int(max_step_tokens)
+        self.max_tokens = int(max_tokens)
+        if self.max_tokens < 0:
+            raise InvalidArgumentError("max_tokens must be >= 0")
         self.workspace_bytes = int(capi.paged_flush_tail_workspace_size(
             self.config._c(), self.num_kv_heads, self.batch, self.max_step_tokens))
+        if self.max_tokens > 0:
+            self.workspace_bytes = max(self.workspace_bytes, int(
+                capi.paged_append_flush_tail_workspace_size(
+                    self.config._c(), self.num_kv_heads, self.batch, self.max_step_tokens,
+                    self.max_tokens)))
         self.workspace, self._ws_address = _workspace(ctx, self.workspace_bytes, like)
 
     def run(
@@ -690,13 +700,7 @@ class TailFlushPlan:
         flush list. Experimental."""
         ctx, config = self.ctx, self.config
         _check_open(ctx)
-        if kv.batch != self.batch or kv.num_kv_heads != self.num_kv_heads:
-            raise ShapeError(
-                f"kv: batch {kv.batch}, {kv.num_kv_heads} KV heads; the TailFlushPlan was made "
-                f"for batch {self.batch}, {self.num_kv_heads} KV heads"
-            )
-        if tail.max_step_tokens != self.max_step_tokens:
-            raise InvalidArgumentError("tail: max_step_tokens differs from the TailFlushPlan's")
+        self._check(kv, tail)
         launch_stream, dl = _streams(ctx, stream, (committed, kv.records))
         c_kv, keep = kv._c(ctx, config, dl)
         c_tail, tail_keep = tail._c(ctx, kv.batch, tail_slots, dl)
@@ -710,8 +714,68 @@ class TailFlushPlan:
                                       ra.address)
         del keep, tail_keep, status_keep
 
+    def append_run(
+        self,
+        kv: PagedKV,
+        tail: TailState,
+        tail_slots: Any,
+        token_indptr: Any,
+        k: Any,
+        v: Any,
+        committed: Any,
+        record_tiles_out: Any = None,
+        *,
+        seq_status: Any = None,
+        dtype: Optional[str] = None,
+        stream: Optional[int] = None,
+    ) -> None:
+        """:func:`paged_append_tail_run` then :meth:`run` in one call
+        (``kvarn_paged_append_flush_tail_run``) whose tokens need not fit the slot: the tiles
+        complete and committed after the append go from the slot and the input straight into
+        their blocks, only the rows past them stay in the slot. A prefill chunk of any length
+        (up to ``max_tokens``) then fits a decode-sized slot. Bit for bit the two calls with a
+        slot large enough for the step. CPU only so far. Experimental."""
+        ctx, config = self.ctx, self.config
+        _check_open(ctx)
+        self._check(kv, tail)
+        launch_stream, dl = _streams(ctx, stream, (k, committed, kv.records))
+        c_kv, keep = kv._c(ctx, config, dl)
+        c_tail, tail_keep = tail._c(ctx, kv.batch, tail_slots, dl)
+        ka = _take(ctx, k, "k", dl, row_strided=True)
+        va = _take(ctx, v, "v", dl, row_strided=True)
+        kind = A.float_kind(ka, "k", dtype)
+        if len(ka.shape) != 3:
+            raise ShapeError(f"k: shape {ka.shape}, expected (max_tokens, num_kv_heads, head_dim)")
+        A.expect(ka, "k", (ka.shape[0], kv.num_kv_heads, config.head_dim), [ka.kind])
+        A.expect(va, "v", ka.shape, [ka.kind])
+        if ka.shape[0] > self.max_tokens:
+            raise ShapeError(f"k: {ka.shape[0]} tokens, more than the TailFlushPlan's max_tokens "
+                             f"{self.max_tokens}")
+        ti = _ints(ctx, token_indptr, "token_indptr", dl, (kv.batch + 1,))
+        ca = _ints(ctx, committed, "committed", dl, (kv.batch,))
+        out = kv.record_tiles if record_tiles_out is None else record_tiles_out
+        ra = _ints(ctx, out, "record_tiles_out", dl, (kv.batch,), writable=True)
+        status_address, status_keep = _status(ctx, seq_status, kv.batch, dl)
+        launch = _launch(launch_stream, status_address, self._ws_address, self.workspace_bytes,
+                         k_row_stride=ka.row_stride, v_row_stride=va.row_stride)
+        with ctx._lock:
+            capi.paged_append_flush_tail_run(ctx._h(), config._c(), c_kv, c_tail, launch,
+                                             ti.address, ka.shape[0], A.KIND_TO_CODE[kind],
+                                             ka.address, va.address, ca.address, ra.address)
+        del keep, tail_keep, status_keep
+
+    def _check(self, kv: PagedKV, tail: TailState) -> None:
+        if kv.batch != self.batch or kv.num_kv_heads != self.num_kv_heads:
+            raise ShapeError(
+                f"kv: batch {kv.batch}, {kv.num_kv_heads} KV heads; the TailFlushPlan was made "
+                f"for batch {self.batch}, {self.num_kv_heads} KV heads"
+            )
+        if tail.max_step_tokens != self.max_step_tokens:
+            raise InvalidArgumentError("tail: max_step_tokens differs from the TailFlushPlan's")
+
     def __repr__(self) -> str:
         return (
             f"TailFlushPlan(num_kv_heads={self.num_kv_heads}, batch={self.batch}, "
-            f"max_step_tokens={self.max_step_tokens}, workspace_bytes={self.workspace_bytes})"
+            f"max_step_tokens={self.max_step_tokens}, max_tokens={self.max_tokens}, "
+            f"workspace_bytes={self.workspace_bytes})"
         )

@@ -16,7 +16,7 @@
  *     switch parts of the KVarN algorithm off to compute baselines with the same code;
  *   - kvarn_baseline_roundtrip, reference quantizers the KVarN record is compared against;
  *   - the per-request tail state of the one-pool memory model (docs/ENGINES.md): a first form,
- *     CPU only, for engines to try before it moves to kvarn.h.
+ *     CPU and CUDA, for engines to try before it moves to kvarn.h.
  *
  * These functions are exported by libkvarn.so like the stable ones (they are listed in
  * capi/symbols.txt), but their signatures and behaviour are covered by this banner, not by the
@@ -63,7 +63,7 @@ KVARN_API kvarn_status_t kvarn_baseline_roundtrip(kvarn_baseline_t method, int32
                                                   float* out);
 
 /* ---------------------------------------------------------------------------------------------
- * Per-request tail state: the one-pool memory model (docs/ENGINES.md), CPU backend only
+ * Per-request tail state: the one-pool memory model (docs/ENGINES.md), CPU and CUDA backends
  *
  * Every complete tile of a sequence is a record block of the engine's block pool (no fp16 sink:
  * the config's sink_tiles must be 0); the tokens past them, the partial tile and those of the
@@ -73,9 +73,12 @@ KVARN_API kvarn_status_t kvarn_baseline_roundtrip(kvarn_baseline_t method, int32
  *   slot s:  states + s * slot_bytes: K, then V, each fp16 [Hk][cap][D] in the cache frame,
  *            cap = G - 1 + max_step_tokens rounded up to a multiple of 8.
  * A step is append (positions from the lengths after the append; no slot mapping), the flush of
- * the committed complete tiles (from the lengths; no host list), attention. The calls follow the
+ * the committed complete tiles (from the lengths; no host list), attention; or, where a step's
+ * tokens may not fit the slot (prefill chunks), kvarn_paged_append_flush_tail_run (both at once)
+ * then attention. The calls follow the
  * run calls' rules (kvarn.h "plan / run": device-resident metadata, launch, status array, error
- * model); backends without the tail state (CUDA, ROCm) return KVARN_ERR_UNSUPPORTED.
+ * model). CUDA: states and slot_bytes 16-byte aligned; the GPU codec's records match the CPU's
+ * to its tolerance (docs/FORMAT.md), not bit for bit. ROCm returns KVARN_ERR_UNSUPPORTED.
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct kvarn_tail_state {
@@ -129,6 +132,30 @@ KVARN_API kvarn_status_t kvarn_paged_flush_tail_workspace_size(const kvarn_confi
 KVARN_API kvarn_status_t kvarn_paged_flush_tail_run(
     kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
     const kvarn_tail_state_t* tail, const kvarn_launch_t* launch, const int32_t* committed,
+    int32_t* record_tiles_out);
+
+/* Workspace bytes of kvarn_paged_append_flush_tail_run for `batch` sequences and at most
+ * `max_tokens` appended tokens (the call's max_tokens). */
+KVARN_API kvarn_status_t kvarn_paged_append_flush_tail_workspace_size(
+    const kvarn_config_t* config, int32_t num_kv_heads, int32_t batch, int32_t max_step_tokens,
+    size_t max_tokens, size_t* out_bytes);
+
+/* kvarn_paged_append_tail_run followed by kvarn_paged_flush_tail_run, in one call whose appended
+ * tokens need not fit the slot: the tiles complete and committed after the append (record_tiles[b]
+ * .. committed[b] / G - 1) are quantized into their blocks from the slot's rows and the input
+ * rows, and only the rows past them (the partial tile and the uncommitted tokens, at most cap)
+ * stay in the slot. A prefill chunk of any length then needs a slot of G - 1 + (uncommitted
+ * tokens of a step) rows, not G - 1 + the chunk. Bit for bit what the two calls give with a slot
+ * large enough for the step. Arguments as for the two calls (kv->seq_lens are the lengths after
+ * the append, committed[b] in [record_tiles[b] * G, seq_lens[b]]); max_tokens 0 makes it a flush.
+ * Data errors of a sequence: those of either call, and more than cap rows left past the new
+ * records; such a sequence keeps its slot, blocks and record_tiles_out[b] = record_tiles[b].
+ * Workspace: kvarn_paged_append_flush_tail_workspace_size bytes. CPU backend; others return
+ * KVARN_ERR_UNSUPPORTED. */
+KVARN_API kvarn_status_t kvarn_paged_append_flush_tail_run(
+    kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
+    const kvarn_tail_state_t* tail, const kvarn_launch_t* launch, const int32_t* token_indptr,
+    size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v, const int32_t* committed,
     int32_t* record_tiles_out);
 
 /* kvarn_paged_attention_run over records and tail slots (tiles past record_tiles[b] are read

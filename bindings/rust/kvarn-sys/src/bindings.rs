@@ -2215,6 +2215,32 @@ extern "C" {
     ) -> kvarn_status_t;
 }
 extern "C" {
+    pub fn kvarn_paged_append_flush_tail_workspace_size(
+        config: *const kvarn_config_t,
+        num_kv_heads: i32,
+        batch: i32,
+        max_step_tokens: i32,
+        max_tokens: usize,
+        out_bytes: *mut usize,
+    ) -> kvarn_status_t;
+}
+extern "C" {
+    pub fn kvarn_paged_append_flush_tail_run(
+        context: *mut kvarn_context_t,
+        config: *const kvarn_config_t,
+        kv: *const kvarn_paged_kv_t,
+        tail: *const kvarn_tail_state_t,
+        launch: *const kvarn_launch_t,
+        token_indptr: *const i32,
+        max_tokens: usize,
+        dtype: kvarn_dtype_t,
+        k: *const ::std::os::raw::c_void,
+        v: *const ::std::os::raw::c_void,
+        committed: *const i32,
+        record_tiles_out: *mut i32,
+    ) -> kvarn_status_t;
+}
+extern "C" {
     pub fn kvarn_paged_attention_tail_run(
         context: *mut kvarn_context_t,
         plan: *const kvarn_attention_plan_t,
