@@ -145,9 +145,10 @@ template <>
 struct AbiStruct<kvarn_tail_state_t> {
   using T = kvarn_tail_state_t;
   static constexpr size_t kMinSize = sizeof(size_t);
-  static constexpr AbiField kFields[] = {KVARN_ABI_FIELD(T, states), KVARN_ABI_FIELD(T, slot_bytes),
-                                         KVARN_ABI_FIELD(T, max_step_tokens),
-                                         KVARN_ABI_FIELD(T, num_slots), KVARN_ABI_FIELD(T, slots)};
+  static constexpr AbiField kFields[] = {
+      KVARN_ABI_FIELD(T, states),          KVARN_ABI_FIELD(T, slot_bytes),
+      KVARN_ABI_FIELD(T, max_step_tokens), KVARN_ABI_FIELD(T, num_slots),
+      KVARN_ABI_FIELD(T, slots),           KVARN_ABI_FIELD(T, row_bits)};
 };
 
 template <>

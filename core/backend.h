@@ -35,9 +35,12 @@ struct PagedKV {
   // The per-request tail state (kvarn_experimental.h), or tail_states NULL: tiles past
   // record_tiles[b] are rows of slot tail_slots[b] ([2][Hk][tail_cap][D] halves, K then V,
   // tail_slot_elems halves apart) instead of pages, and there is no sink (sink_tiles 0).
+  // tail_bits 8: a slot holds int8 codes [2][Hk][tail_cap][D] then fp16 scales [2][Hk][tail_cap]
+  // (kvarn_experimental.h); only the CPU backend reads that form.
   uint16_t* tail_states = nullptr;
   size_t tail_slot_elems = 0;
   int tail_cap = 0;
+  int tail_bits = 16;
   int num_tail_slots = 0;
   const int32_t* tail_slots = nullptr;
 };

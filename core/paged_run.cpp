@@ -235,11 +235,18 @@ int64_t TailCap(const Config& cfg, int max_step_tokens) {
   return (int64_t{cfg.G} - 1 + max_step_tokens + 7) / 8 * 8;
 }
 
-Status TailStateBytes(const Config& cfg, int num_kv_heads, int max_step_tokens, size_t* out) {
+Status TailStateBytes(const Config& cfg, int num_kv_heads, int max_step_tokens, int row_bits,
+                      size_t* out) {
   KVARN_RETURN_IF_ERROR(CheckTailArgs(cfg, num_kv_heads, max_step_tokens));
+  if (row_bits != 0 && row_bits != 16 && row_bits != 8) {
+    return InvalidArgument("row_bits must be 16 (or 0: fp16 rows) or 8 (int8 rows), not " +
+                           std::to_string(row_bits));
+  }
   const size_t cap = static_cast<size_t>(TailCap(cfg, max_step_tokens));
-  KVARN_RETURN_IF_ERROR(CheckBufferSize("a tail slot", 2, num_kv_heads, cap, cfg.D, 2));
-  *out = 2 * static_cast<size_t>(num_kv_heads) * cap * cfg.D * 2;
+  // fp16: 2 bytes a value; int8: 1 byte a value plus an fp16 scale a row.
+  const size_t row_bytes = row_bits == 8 ? static_cast<size_t>(cfg.D) + 2 : 2 * cfg.D;
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("a tail slot", 2, num_kv_heads, cap, row_bytes));
+  *out = 2 * static_cast<size_t>(num_kv_heads) * cap * row_bytes;
   return Status::Ok();
 }
 
@@ -273,7 +280,8 @@ Status ParseTailState(const kvarn_tail_state_t* in, const Config& cfg, PagedKV* 
   kvarn_tail_state_defaults(&t);
   KVARN_RETURN_IF_ERROR(ReadStruct(in, "tail", &t));
   size_t need = 0;
-  KVARN_RETURN_IF_ERROR(TailStateBytes(cfg, kv->num_kv_heads, t.max_step_tokens, &need));
+  KVARN_RETURN_IF_ERROR(
+      TailStateBytes(cfg, kv->num_kv_heads, t.max_step_tokens, t.row_bits, &need));
   if (t.slot_bytes < need || t.slot_bytes % 2 != 0) {
     return InvalidArgument("tail->slot_bytes is " + std::to_string(t.slot_bytes) +
                            "; a slot needs " + std::to_string(need) +
@@ -287,6 +295,7 @@ Status ParseTailState(const kvarn_tail_state_t* in, const Config& cfg, PagedKV* 
   kv->tail_states = static_cast<uint16_t*>(t.states);
   kv->tail_slot_elems = t.slot_bytes / 2;
   kv->tail_cap = static_cast<int>(TailCap(cfg, t.max_step_tokens));
+  kv->tail_bits = t.row_bits == 8 ? 8 : 16;
   kv->num_tail_slots = t.num_slots;
   kv->tail_slots = t.slots;
   return Status::Ok();

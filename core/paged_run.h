@@ -31,7 +31,8 @@ Status OpPagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const
                        const int32_t* dst_blocks, const int32_t* tile_seqs);
 // The per-request tail state (kvarn_experimental.h). Rows of one slot for a config and step.
 int64_t TailCap(const Config& cfg, int max_step_tokens);
-Status TailStateBytes(const Config& cfg, int num_kv_heads, int max_step_tokens, size_t* out);
+Status TailStateBytes(const Config& cfg, int num_kv_heads, int max_step_tokens, int row_bits,
+                      size_t* out);
 Status FlushTailWorkspaceBytes(const Config& cfg, int num_kv_heads, int batch, int max_step_tokens,
                                size_t* out);
 // Fills kv's tail fields from *in (kv's num_kv_heads and batch set).

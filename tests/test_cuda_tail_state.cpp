@@ -65,7 +65,7 @@ struct Engine {
     max_blocks = (max_len + c.max_step) / G + 2;
     num_blocks = c.batch * max_blocks;
     record_stride = (kvt::RecordBytes(cfg) + 15) / 16 * 16;  // the tensor-core kernels' alignment
-    EXPECT_EQ(kvarn_tail_state_bytes(&cfg, c.Hk, c.max_step, &slot_bytes), KVARN_OK);
+    EXPECT_EQ(kvarn_tail_state_bytes(&cfg, c.Hk, c.max_step, 16, &slot_bytes), KVARN_OK);
     table.assign(static_cast<size_t>(c.batch) * max_blocks, -1);
     lens.assign(c.batch, 0);
     committed.assign(c.batch, 0);

@@ -18,7 +18,7 @@ namespace {
 struct Budget {
   double two_pools;       // today: sink page + records + 2 tail pages reserved per request
   double one_pool;        // engine-native: records of every complete tile + an fp16 tail slot
-  double one_pool_tail8;  // the same with an 8-bit tail slot (a design option, not built)
+  double one_pool_tail8;  // the same with an int8 tail slot (row_bits 8; CPU)
 };
 
 // Bytes per KV head; N a multiple of nothing in particular. fp16 K+V: 4 * D bytes per token.
@@ -39,11 +39,14 @@ Budget Ratios(const kvarn_config_t& cfg, int64_t N, int step_tokens) {
   kvarn_config_t one_pool_cfg = cfg;
   one_pool_cfg.sink_tiles = 0;
   size_t slot_bytes = 0;  // the experimental size function, for one KV head
-  EXPECT_EQ(kvarn_tail_state_bytes(&one_pool_cfg, 1, step_tokens, &slot_bytes), KVARN_OK);
+  EXPECT_EQ(kvarn_tail_state_bytes(&one_pool_cfg, 1, step_tokens, 16, &slot_bytes), KVARN_OK);
   EXPECT_EQ(slot_bytes, static_cast<size_t>(4 * D * tail_tokens));
   const double one_pool = complete * rec + static_cast<double>(slot_bytes);
-  // An 8-bit tail: D bytes per token per tensor plus an fp16 scale per token and tensor.
-  const double one_pool_tail8 = complete * rec + 2.0 * (D + 2) * tail_tokens;
+  // An int8 tail: D bytes per token per tensor plus an fp16 scale per token and tensor.
+  size_t slot8_bytes = 0;
+  EXPECT_EQ(kvarn_tail_state_bytes(&one_pool_cfg, 1, step_tokens, 8, &slot8_bytes), KVARN_OK);
+  EXPECT_EQ(slot8_bytes, static_cast<size_t>(2 * (D + 2) * tail_tokens));
+  const double one_pool_tail8 = complete * rec + static_cast<double>(slot8_bytes);
   return {fp16 / two_pools, fp16 / one_pool, fp16 / one_pool_tail8};
 }
 

@@ -17,6 +17,7 @@
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/record_codec.h"
 #include "backends/cpu/rtn_pack.h"
+#include "backends/cpu/tail_rows.h"
 #include "core/thread_pool.h"
 
 namespace kvarn {
@@ -257,6 +258,11 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
     P.acc.assign(nstate * D, 0.f);
     std::vector<AttnQuery> qs(nstate);
     std::vector<float> scales, scores((nstate + 4) * G), vsum((nstate + 4) * D);
+    std::vector<uint16_t> tail_k, tail_v;  // decoded int8 tail rows
+    if (kv.tail_states != nullptr && kv.tail_bits == 8) {
+      tail_k.resize(static_cast<size_t>(G) * D);
+      tail_v.resize(tail_k.size());
+    }
     const int32_t* row = kv.block_table + static_cast<size_t>(b) * kv.max_blocks_per_seq;
     const int64_t rt = kv.record_tiles[b];
     for (int tile = t0; tile < t1; ++tile) {
@@ -284,12 +290,14 @@ Status AttendBatch(Context* ctx, const Config& cfg, const PagedKV& kv, const Att
         K.attend_record(rec, D, G, cfg.key_bits, cfg.value_bits, score, qs.data(),
                         static_cast<int>(nstate), scores.data(), vsum.data());
       } else if (kv.tail_states != nullptr) {
-        // Rows of the tail slot: K [Hk][cap][D], then V; this tile starts at row (tile-rt)*G.
-        const size_t head = static_cast<size_t>(kv.tail_slots[b]) * kv.tail_slot_elems +
-                            (static_cast<size_t>(h) * kv.tail_cap + (tile - rt) * G) * D;
-        const size_t v_off = static_cast<size_t>(Hk) * kv.tail_cap * D;
-        K.attend_page(kv.tail_states + head, kv.tail_states + head + v_off, D, G, score, qs.data(),
-                      static_cast<int>(nstate), scores.data());
+        // Rows of the tail slot from row (tile - rt) * G; int8 rows are decoded to fp16 first,
+        // the rows that hold tokens only (attend_page reads no row past the sequence end).
+        const TailRows tail(kv, D);
+        const int64_t from = static_cast<int64_t>(tile - rt) * G;
+        const int64_t rows = std::clamp<int64_t>(N - base, 0, G);
+        K.attend_page(tail.View(kv.tail_slots[b], 0, h, from, rows, tail_k.data()),
+                      tail.View(kv.tail_slots[b], 1, h, from, rows, tail_v.data()), D, G, score,
+                      qs.data(), static_cast<int>(nstate), scores.data());
       } else {
         const size_t off = row[tile] * page_elems + static_cast<size_t>(h) * G * D;
         K.attend_page(kv.k_pages + off, kv.v_pages + off, D, G, score, qs.data(),

@@ -12,6 +12,7 @@
 #include "backends/cpu/dtype_io.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/record_codec.h"
+#include "backends/cpu/tail_rows.h"
 #include "core/thread_pool.h"
 
 namespace kvarn {
@@ -199,12 +200,6 @@ Status AppendRows(Context* ctx, const Config& cfg, const PagedKV& kv, const Laun
   return faults.Finish();
 }
 
-// Slot s of the tail state: K rows [Hk][cap][D], then V rows.
-uint16_t* TailSlot(const PagedKV& kv, int64_t s, int which, int D) {
-  return kv.tail_states + static_cast<size_t>(s) * kv.tail_slot_elems +
-         static_cast<size_t>(which) * kv.num_kv_heads * kv.tail_cap * D;
-}
-
 // The blocks tiles [rt, end) of sequence b are flushed into: inside the table and the pool.
 Status CheckFlushBlocks(const PagedKV& kv, int b, int64_t rt, int64_t end) {
   const std::string who = "sequence " + std::to_string(b) + ": ";
@@ -271,11 +266,29 @@ Status PagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
     }
     return Status::Ok();
   };
-  const auto dest = [&](int b, int64_t t, int which) -> uint16_t* {
-    return TailSlot(kv, kv.tail_slots[b], which, D) + static_cast<size_t>(row_of(b, t)) * D;
+  Faults faults(launch.seq_status, kv.batch);
+  StagedRows rows;
+  const auto seq_check = [&](int b) -> Status {
+    for (int64_t t = indptr[b]; t < indptr[b + 1]; ++t) KVARN_RETURN_IF_ERROR(check(b, t));
+    return Status::Ok();
   };
-  return AppendRows(ctx, cfg, kv, launch, indptr, max_tokens, dtype, k, v,
-                    static_cast<size_t>(kv.tail_cap) * D, check, dest);
+  StageRows(
+      ctx, cfg, kv, launch, indptr, max_tokens, dtype, k, v, seq_check,
+      [](int, int64_t) { return true; }, faults, &rows);
+  if (launch.seq_status == nullptr && faults.AnyFailed()) return faults.Finish();
+  const TailRows tail(kv, D);
+  const int Hk = kv.num_kv_heads;
+  for (int b = 0; b < kv.batch; ++b) {
+    if (!rows.take[b]) continue;
+    for (int64_t t = indptr[b]; t < indptr[b + 1]; ++t) {
+      for (int h = 0; h < Hk; ++h) {
+        const size_t src = (static_cast<size_t>(t) * Hk + h) * D;
+        tail.Write(kv.tail_slots[b], 0, h, row_of(b, t), rows.k.data() + src);
+        tail.Write(kv.tail_slots[b], 1, h, row_of(b, t), rows.v.data() + src);
+      }
+    }
+  }
+  return faults.Finish();
 }
 
 Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
@@ -320,11 +333,12 @@ Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
     const int64_t j = static_cast<int64_t>(item / Hk) % per_seq;
     const int h = static_cast<int>(item % Hk);
     if (faults.Failed(b) || faults.Skipped(b) || j >= n_flush[b]) return;
-    const size_t off = (static_cast<size_t>(h) * kv.tail_cap + static_cast<size_t>(j) * G) * D;
+    std::vector<uint16_t> kt(static_cast<size_t>(G) * D), vt(kt.size());
+    const TailRows tail(kv, D);
+    tail.Read(kv.tail_slots[b], 0, h, j * G, G, kt.data());
+    tail.Read(kv.tail_slots[b], 1, h, j * G, G, vt.data());
     TileScratch scratch;
-    Status r =
-        QuantizeRecord(cfg, TailSlot(kv, kv.tail_slots[b], 0, D) + off,
-                       TailSlot(kv, kv.tail_slots[b], 1, D) + off, staged + item * rb, scratch, &K);
+    Status r = QuantizeRecord(cfg, kt.data(), vt.data(), staged + item * rb, scratch, &K);
     if (!r.ok()) {
       item_status[item] = {r.code(), "sequence " + std::to_string(b) + ", tile " +
                                          std::to_string(kv.record_tiles[b] + j) + ", head " +
@@ -351,15 +365,8 @@ Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
       }
     }
     // Move the rows past the flushed tiles to the slot's start.
-    const size_t shift = static_cast<size_t>(n_flush[b]) * G;
-    const size_t rows = static_cast<size_t>(kv.seq_lens[b] - int64_t{rt} * G) - shift;
-    for (int which = 0; which < 2; ++which) {
-      for (int h = 0; h < Hk; ++h) {
-        uint16_t* head =
-            TailSlot(kv, kv.tail_slots[b], which, D) + static_cast<size_t>(h) * kv.tail_cap * D;
-        std::memmove(head, head + shift * D, rows * D * 2);
-      }
-    }
+    const int64_t shift = n_flush[b] * G;
+    TailRows(kv, D).MoveDown(kv.tail_slots[b], shift, kv.seq_lens[b] - int64_t{rt} * G - shift);
     record_tiles_out[b] = static_cast<int32_t>(rt + n_flush[b]);
   }
   return faults.Finish();
@@ -422,15 +429,17 @@ Status PagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& k
   uint8_t* staged = static_cast<uint8_t*>(launch.workspace);
   const size_t items = static_cast<size_t>(first[kv.batch]) * Hk;
   std::vector<Status> item_status(items);
-  // Position p of sequence b, head h, K (which 0) or V: a slot row or a staged input row.
-  const auto row_at = [&](int b, int64_t p, int h, int which) -> const uint16_t* {
+  const TailRows tail(kv, D);
+  // Position p of sequence b, head h, K (which 0) or V, as the slot holds it (an input row as
+  // it would read back had the append stored it): into out.
+  const auto row_at = [&](int b, int64_t p, int h, int which, uint16_t* out) {
     const int64_t n_old = kv.seq_lens[b] - appended(b), rt = kv.record_tiles[b];
     if (p < n_old) {
-      return TailSlot(kv, kv.tail_slots[b], which, D) +
-             (static_cast<size_t>(h) * cap + static_cast<size_t>(p - rt * G)) * D;
+      tail.Read(kv.tail_slots[b], which, h, p - rt * G, 1, out);
+      return;
     }
     const size_t t = static_cast<size_t>(indptr[b] + (p - n_old));
-    return (which ? rows.v.data() : rows.k.data()) + (t * Hk + h) * D;
+    tail.RoundTrip((which ? rows.v.data() : rows.k.data()) + (t * Hk + h) * D, out);
   };
   const Kernels& K = KernelsFor(ctx->isa);
   ctx->pool->ParallelFor(items, [&](size_t item) {
@@ -442,8 +451,8 @@ Status PagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& k
     const int64_t tile = kv.record_tiles[b] + (static_cast<int64_t>(tile_index) - first[b]);
     std::vector<uint16_t> kt(static_cast<size_t>(G) * D), vt(static_cast<size_t>(G) * D);
     for (int r = 0; r < G; ++r) {
-      std::memcpy(kt.data() + static_cast<size_t>(r) * D, row_at(b, tile * G + r, h, 0), 2 * D);
-      std::memcpy(vt.data() + static_cast<size_t>(r) * D, row_at(b, tile * G + r, h, 1), 2 * D);
+      row_at(b, tile * G + r, h, 0, kt.data() + static_cast<size_t>(r) * D);
+      row_at(b, tile * G + r, h, 1, vt.data() + static_cast<size_t>(r) * D);
     }
     TileScratch scratch;
     Status r = QuantizeRecord(cfg, kt.data(), vt.data(), staged + item * rb, scratch, &K);
@@ -478,20 +487,13 @@ Status PagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& k
     }
     // The slot keeps positions [rt_new * G, n): the old rows move down, the new rows follow.
     if (n > rt_new * G) {
-      for (int which = 0; which < 2; ++which) {
-        const std::vector<uint16_t>& in = which ? rows.v : rows.k;
+      if (n_old > rt_new * G)
+        tail.MoveDown(kv.tail_slots[b], (rt_new - rt) * G, n_old - rt_new * G);
+      for (int64_t p = std::max(n_old, rt_new * G); p < n; ++p) {
+        const size_t t = static_cast<size_t>(indptr[b] + (p - n_old));
         for (int h = 0; h < Hk; ++h) {
-          uint16_t* head =
-              TailSlot(kv, kv.tail_slots[b], which, D) + static_cast<size_t>(h) * cap * D;
-          if (n_old > rt_new * G) {
-            std::memmove(head, head + static_cast<size_t>(rt_new - rt) * G * D,
-                         static_cast<size_t>(n_old - rt_new * G) * D * 2);
-          }
-          for (int64_t p = std::max(n_old, rt_new * G); p < n; ++p) {
-            const size_t t = static_cast<size_t>(indptr[b] + (p - n_old));
-            std::memcpy(head + static_cast<size_t>(p - rt_new * G) * D,
-                        in.data() + (t * Hk + h) * D, 2 * D);
-          }
+          tail.Write(kv.tail_slots[b], 0, h, p - rt_new * G, rows.k.data() + (t * Hk + h) * D);
+          tail.Write(kv.tail_slots[b], 1, h, p - rt_new * G, rows.v.data() + (t * Hk + h) * D);
         }
       }
     }

@@ -274,6 +274,11 @@ Status CheckPagedKV(const CudaState* s, const PagedKV& kv) {
 // The tail slots are read with 16-byte copies: every slot must start 16-byte aligned.
 Status CheckTailAligned(const PagedKV& kv) {
   if (kv.tail_states == nullptr) return Status::Ok();
+  if (kv.tail_bits != 16) {
+    return Unsupported(
+        "int8 tail rows (tail->row_bits 8) are supported on the CPU backend only "
+        "so far; use fp16 rows (row_bits 16) on a " KVARN_GPU_NAME " context");
+  }
   if (reinterpret_cast<uintptr_t>(kv.tail_states) % 16 != 0 || (kv.tail_slot_elems * 2) % 16 != 0) {
     return InvalidArgument(
         "tail->states must be 16-byte aligned and tail->slot_bytes a multiple "

@@ -197,12 +197,13 @@ void kvarn_tail_state_defaults(kvarn_tail_state_t* tail) {
 }
 
 kvarn_status_t kvarn_tail_state_bytes(const kvarn_config_t* config, int32_t num_kv_heads,
-                                      int32_t max_step_tokens, size_t* out_bytes) {
+                                      int32_t max_step_tokens, int32_t row_bits,
+                                      size_t* out_bytes) {
   return Guard([&]() -> Status {
     Config c;
     KVARN_RETURN_IF_ERROR(kvarn::ParseConfig(config, &c));
     if (out_bytes == nullptr) return kvarn::InvalidArgument("out_bytes is NULL");
-    return kvarn::TailStateBytes(c, num_kv_heads, max_step_tokens, out_bytes);
+    return kvarn::TailStateBytes(c, num_kv_heads, max_step_tokens, row_bits, out_bytes);
   });
 }
 

@@ -153,6 +153,37 @@ def test_long_prefill_chunks_fit_a_decode_sized_slot(ctx, config, rng):
                          kv.seq_lens.copy())
 
 
+def test_int8_rows(ctx, config, rng):
+    """row_bits 8: half the slot bytes (int8 rows with an fp16 scale), attention over tail rows
+    within the rows' rounding of the fp16 slot's."""
+    g = config.tile_tokens
+    assert kvarn.tail_state_bytes(config, HK, 1, row_bits=8) == 2 * HK * g * (D + 2)
+    outs = []
+    n = np.array([5, 63, 1, 30], np.int32)
+    indptr = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+    tokens = int(indptr[-1])
+    k = (2.0 * rng.standard_normal((tokens, HK, D))).astype(np.float32)
+    v = rng.standard_normal((tokens, HK, D)).astype(np.float32)
+    q = (0.3 * rng.standard_normal((B * g, HQ, D))).astype(np.float32)
+    for bits in (16, 8):
+        kv = kvarn.PagedKV.allocate(ctx, config, num_kv_heads=HK, num_record_blocks=B,
+                                    num_pages=0, batch=B, max_blocks_per_seq=1)
+        kv.block_table[:, 0] = np.arange(B)
+        kv.seq_lens[:] = n
+        kv.record_tiles[:] = 0
+        tail = kvarn.TailState(ctx, config, num_kv_heads=HK, num_slots=B, row_bits=bits)
+        assert tail.row_bits == bits and "row_bits" in repr(tail)
+        slots = np.arange(B, dtype=np.int32)
+        kvarn.paged_append_tail_run(ctx, config, kv, tail, slots, indptr, k, v)
+        plan = kvarn.AttentionPlan(ctx, config, batch=B, num_kv_heads=HK, max_blocks_per_seq=1,
+                                   num_q_heads=HQ, max_q_per_seq=g, max_total_q=B * g)
+        outs.append(plan.run(kv, q, q_indptr=indptr, tail=tail, tail_slots=slots)[:tokens])
+    rel = np.linalg.norm(outs[1] - outs[0]) / np.linalg.norm(outs[0])
+    assert 0 < rel < 1e-2
+    with pytest.raises(kvarn.InvalidArgumentError, match="row_bits"):
+        kvarn.tail_state_bytes(config, HK, 1, row_bits=4)
+
+
 def test_argument_errors(ctx, config):
     with pytest.raises(kvarn.UnsupportedError, match="sink_tiles"):
         kvarn.tail_state_bytes(kvarn.Config.from_preset("k4v2_g64", D), HK)

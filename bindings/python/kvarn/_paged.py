@@ -555,22 +555,26 @@ def register_torch_ops() -> bool:
     return True
 
 
-# ---- the per-request tail state (kvarn_experimental.h: no stability promise, CPU only) -------
+# ---- the per-request tail state (kvarn_experimental.h: no stability promise) -----------------
 
 
-def tail_state_bytes(config: Config, num_kv_heads: int, max_step_tokens: int = 1) -> int:
-    """Bytes of one request's tail slot (``kvarn_tail_state_bytes``): fp16 K and V of
-    G - 1 + max_step_tokens tokens (rounded up to 8) per KV head. The config's sink_tiles must
-    be 0. Experimental."""
-    return int(capi.tail_state_bytes(_config(config)._c(), int(num_kv_heads), int(max_step_tokens)))
+def tail_state_bytes(config: Config, num_kv_heads: int, max_step_tokens: int = 1,
+                     row_bits: int = 16) -> int:
+    """Bytes of one request's tail slot (``kvarn_tail_state_bytes``): K and V of
+    G - 1 + max_step_tokens tokens (rounded up to 8) per KV head, as fp16 rows (row_bits 16)
+    or int8 rows with an fp16 scale each (row_bits 8). The config's sink_tiles must be 0.
+    Experimental."""
+    return int(capi.tail_state_bytes(_config(config)._c(), int(num_kv_heads),
+                                     int(max_step_tokens), int(row_bits)))
 
 
 class TailState:
     """`num_slots` tail slots of one layer (``kvarn_tail_state_t``), allocated in the context's
     memory (`like` as for the plans). A sequence's slot index comes with each call
-    (`tail_slots`, int32 [batch] in the context's memory). Experimental, CPU only: the one-pool
-    memory model of docs/ENGINES.md, where every complete tile is a record block of the
-    :class:`PagedKV` (whose page pools may be empty) and the tokens past them live in the slot."""
+    (`tail_slots`, int32 [batch] in the context's memory). Experimental: the one-pool memory
+    model of docs/ENGINES.md, where every complete tile is a record block of the
+    :class:`PagedKV` (whose page pools may be empty) and the tokens past them live in the slot.
+    row_bits 16 (fp16 rows; CPU and CUDA) or 8 (int8 rows with an fp16 scale; CPU only)."""
 
     def __init__(
         self,
@@ -580,6 +584,7 @@ class TailState:
         num_kv_heads: int,
         num_slots: int,
         max_step_tokens: int = 1,
+        row_bits: int = 16,
         like: Any = None,
     ) -> None:
         self.ctx = ctx
@@ -587,7 +592,9 @@ class TailState:
         self.num_kv_heads = int(num_kv_heads)
         self.num_slots = int(num_slots)
         self.max_step_tokens = int(max_step_tokens)
-        self.slot_bytes = tail_state_bytes(self.config, self.num_kv_heads, self.max_step_tokens)
+        self.row_bits = int(row_bits)
+        self.slot_bytes = tail_state_bytes(self.config, self.num_kv_heads, self.max_step_tokens,
+                                           self.row_bits)
         self.states, self._address = _workspace(ctx, self.slot_bytes * self.num_slots, like)
 
     def _c(self, ctx: Context, batch: int, tail_slots: Any, dl: int) -> Tuple[Any, Any]:
@@ -600,12 +607,14 @@ class TailState:
         t.slot_bytes = self.slot_bytes
         t.max_step_tokens = self.max_step_tokens
         t.num_slots = self.num_slots
+        t.row_bits = self.row_bits
         return t, slots
 
     def __repr__(self) -> str:
         return (
             f"TailState(num_kv_heads={self.num_kv_heads}, num_slots={self.num_slots}, "
-            f"max_step_tokens={self.max_step_tokens}, slot_bytes={self.slot_bytes})"
+            f"max_step_tokens={self.max_step_tokens}, row_bits={self.row_bits}, "
+            f"slot_bytes={self.slot_bytes})"
         )
 
 

@@ -71,14 +71,20 @@ KVARN_API kvarn_status_t kvarn_baseline_roundtrip(kvarn_baseline_t method, int32
  *   tiles [0, record_tiles[b])            record blocks block_table[b][i]
  *   tokens [record_tiles[b] * G, N_b)     rows 0.. of slot tail_slots[b]
  *   slot s:  states + s * slot_bytes: K, then V, each fp16 [Hk][cap][D] in the cache frame,
- *            cap = G - 1 + max_step_tokens rounded up to a multiple of 8.
+ *            cap = G - 1 + max_step_tokens rounded up to a multiple of 8;
+ *            with row_bits 8: K codes, V codes, each int8 [Hk][cap][D], then K scales, V scales,
+ *            each fp16 [Hk][cap]. A row r (the fp16 row the fp16 slot would hold) is stored as
+ *            scale = fp16(max_d |r_d| / 127), code_d = clamp(rint(r_d / scale), -127, 127)
+ *            (all codes 0 where scale is 0) and reads back as fp16(code_d * scale), for
+ *            attention and for the flush alike (docs/ENGINES.md measures its accuracy).
  * A step is append (positions from the lengths after the append; no slot mapping), the flush of
  * the committed complete tiles (from the lengths; no host list), attention; or, where a step's
  * tokens may not fit the slot (prefill chunks), kvarn_paged_append_flush_tail_run (both at once)
  * then attention. The calls follow the
  * run calls' rules (kvarn.h "plan / run": device-resident metadata, launch, status array, error
- * model). CUDA: states and slot_bytes 16-byte aligned; the GPU codec's records match the CPU's
- * to its tolerance (docs/FORMAT.md), not bit for bit. ROCm returns KVARN_ERR_UNSUPPORTED.
+ * model). CUDA: states and slot_bytes 16-byte aligned, fp16 rows only (row_bits 8 is CPU only
+ * so far); the GPU codec's records match the CPU's to its tolerance (docs/FORMAT.md), not bit
+ * for bit. ROCm returns KVARN_ERR_UNSUPPORTED.
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct kvarn_tail_state {
@@ -89,13 +95,16 @@ typedef struct kvarn_tail_state {
   int32_t num_slots;       /* slots at states (bounds check) */
   const int32_t* slots;    /* [batch] the slot of each sequence (context memory); two sequences
                               holding tokens past their records must not share a slot */
+  int32_t row_bits;        /* 0 or 16: fp16 rows (default); 8: int8 rows with an fp16 scale each */
 } kvarn_tail_state_t;
 
 KVARN_API void kvarn_tail_state_defaults(kvarn_tail_state_t* tail);
 
-/* Bytes of one tail slot: 2 (K, V) * Hk * cap * D * 2, cap as above. */
+/* Bytes of one tail slot, cap as above: 2 (K, V) * Hk * cap * D * 2 for fp16 rows (row_bits 0 or
+ * 16), 2 * Hk * cap * (D + 2) for int8 rows (row_bits 8). */
 KVARN_API kvarn_status_t kvarn_tail_state_bytes(const kvarn_config_t* config, int32_t num_kv_heads,
-                                                int32_t max_step_tokens, size_t* out_bytes);
+                                                int32_t max_step_tokens, int32_t row_bits,
+                                                size_t* out_bytes);
 
 /* Appends tokens into the tail slots: token t of sequence b (t in [token_indptr[b],
  * token_indptr[b+1])) is at position seq_lens[b] - (token_indptr[b+1] - t) (kv->seq_lens are

@@ -2052,12 +2052,13 @@ pub struct kvarn_tail_state {
     pub max_step_tokens: i32,
     pub num_slots: i32,
     pub slots: *const i32,
+    pub row_bits: i32,
 }
 #[test]
 fn bindgen_test_layout_kvarn_tail_state() {
     assert_eq!(
         ::std::mem::size_of::<kvarn_tail_state>(),
-        40usize,
+        48usize,
         concat!("Size of: ", stringify!(kvarn_tail_state))
     );
     assert_eq!(
@@ -2167,6 +2168,23 @@ fn bindgen_test_layout_kvarn_tail_state() {
         );
     }
     test_field_slots();
+    fn test_field_row_bits() {
+        assert_eq!(
+            unsafe {
+                let uninit = ::std::mem::MaybeUninit::<kvarn_tail_state>::uninit();
+                let ptr = uninit.as_ptr();
+                ::std::ptr::addr_of!((*ptr).row_bits) as usize - ptr as usize
+            },
+            40usize,
+            concat!(
+                "Offset of field: ",
+                stringify!(kvarn_tail_state),
+                "::",
+                stringify!(row_bits)
+            )
+        );
+    }
+    test_field_row_bits();
 }
 pub type kvarn_tail_state_t = kvarn_tail_state;
 extern "C" {
@@ -2177,6 +2195,7 @@ extern "C" {
         config: *const kvarn_config_t,
         num_kv_heads: i32,
         max_step_tokens: i32,
+        row_bits: i32,
         out_bytes: *mut usize,
     ) -> kvarn_status_t;
 }
