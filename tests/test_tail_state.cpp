@@ -806,7 +806,7 @@ TEST(TailState, Int8RowsStayCloseToFp16Rows) {
   }
   const double rel_l2 = std::sqrt(sum_err / sum_ref);
   std::printf("int8 vs fp16 tail rows: worst row %.2e, relative L2 %.2e\n", worst_row, rel_l2);
-  EXPECT_GT(rel_l2, 0.0);  // the int8 rows are not the fp16 ones
+  EXPECT_GT(rel_l2, 0.0);   // the int8 rows are not the fp16 ones
   EXPECT_LT(rel_l2, 1e-2);  // observed 7.0e-3 - 7.2e-3 over seeds
   EXPECT_LT(worst_row, 3e-2);
 }
