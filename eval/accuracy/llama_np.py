@@ -243,7 +243,8 @@ class LlamaModel:
     # ------------------------------------------------------------------ forward
     def forward(self, tokens: Sequence[int], kv_quantizer: Optional[KVQuantizer] = None,
                 tile_tokens: int = 128, sink_tiles: int = 1, return_qkv: bool = False,
-                logit_rows=None, attention: str = "blocked"):
+                logit_rows=None, attention: str = "blocked",
+                tail_quantizer: Optional[KVQuantizer] = None):
         """Logits float32 [T, vocab] for one window of T tokens (positions 0..T-1).
 
         kv_quantizer: None for an exact fp32 cache, or a callable (layer, k, v) -> (kq, vq) on
@@ -255,6 +256,9 @@ class LlamaModel:
         logit_rows: optional index/slice of positions to compute logits for (e.g. slice(-1,
         None) during generation); the head is the most expensive matmul for large vocabs.
         attention: "blocked" (fast) or "masked" (the O(T^2)-memory reference).
+        tail_quantizer: None, or a callable (layer, k, v) -> (k, v) giving the values a cache
+        holds before quantization (a tail kept at reduced precision, e.g. int8 rows): they
+        replace the exact keys and values everywhere, the kv_quantizer's input included.
         """
         c = self.config
         tokens = np.asarray(tokens, dtype=np.int64)
@@ -274,6 +278,10 @@ class LlamaModel:
             v = np.ascontiguousarray(qkv[:, (H + Hk) * D:].reshape(T, Hk, D).transpose(1, 0, 2))
             q = apply_rope(q, cos, sin)
             k = apply_rope(k, cos, sin)
+            if tail_quantizer is not None:
+                k, v = tail_quantizer(li, k.copy(), v.copy())
+                k = np.ascontiguousarray(k, dtype=np.float32)
+                v = np.ascontiguousarray(v, dtype=np.float32)
             kq = vq = None
             if kv_quantizer is not None:
                 kq, vq = kv_quantizer(li, k.copy(), v.copy())
