@@ -199,3 +199,77 @@ def test_argument_errors(ctx, config):
         plan.run(kv, q, tail=tail)
     with pytest.raises(kvarn.ShapeError, match="tail_slots"):
         plan.run(kv, q, tail=tail, tail_slots=np.zeros(B + 1, np.int32))
+
+
+@pytest.mark.parametrize("row_bits", [16, 8])
+def test_torch_ops_match_the_direct_calls(ctx, config, rng, row_bits):
+    """torch.ops.kvarn.paged_append_flush_tail / paged_attention_tail on CPU tensors, eager and
+    under torch.compile(fullgraph=True), give bit for bit what the direct calls give: a loop of
+    prefill chunks (up to 150 tokens into slots sized for decode) and decode steps."""
+    torch = pytest.importorskip("torch")
+    from kvarn import torch_ops
+
+    g = config.tile_tokens
+    chunk, max_len = 150, 500
+    max_blocks = max_len // g + 2
+    np_kv = kvarn.PagedKV.allocate(ctx, config, num_kv_heads=HK, num_record_blocks=B * max_blocks,
+                                   num_pages=0, batch=B, max_blocks_per_seq=max_blocks)
+    np_tail = kvarn.TailState(ctx, config, num_kv_heads=HK, num_slots=B, row_bits=row_bits)
+    kvs = [kvarn.PagedKV(*(torch.from_numpy(getattr(np_kv, n).copy()) for n in (
+        "records", "k_pages", "v_pages", "block_table", "seq_lens", "record_tiles")))
+        for _ in range(2)]
+    states = [torch.zeros(B * np_tail.slot_bytes, dtype=torch.uint8) for _ in range(2)]
+    tails = [kvarn.TailState.over(ctx, config, s, num_kv_heads=HK, row_bits=row_bits)
+             for s in states]
+    assert tails[0].num_slots == B and tails[0].slot_bytes == np_tail.slot_bytes
+    slots = np.array([1, 3, 0, 2], np.int32)
+    flush = kvarn.TailFlushPlan(ctx, config, num_kv_heads=HK, batch=B, max_tokens=B * chunk)
+    plan = kvarn.AttentionPlan(ctx, config, batch=B, num_kv_heads=HK,
+                               max_blocks_per_seq=max_blocks, num_q_heads=HQ,
+                               max_q_per_seq=chunk, max_total_q=B * chunk)
+
+    def step(kv, tail, t_slots, indptr, k, v, committed, q, out, lse):
+        torch_ops.paged_append_flush_tail(flush, kv, tail, t_slots, indptr, k, v, committed)
+        torch_ops.paged_attention_tail(plan, kv, tail, t_slots, q, out, lse, q_indptr=indptr)
+
+    steps = [step, torch.compile(step, backend="aot_eager", fullgraph=True)]
+    for kv in [np_kv] + kvs:
+        kv.block_table[:] = -1
+        kv.seq_lens[:] = 0
+        kv.record_tiles[:] = 0
+    free = list(range(B * max_blocks - 1, -1, -1))
+    prompt = rng.integers(100, 400, size=B)
+    for it in range(14):
+        left = prompt - np_kv.seq_lens
+        n = np.where(left > 0, np.minimum(left, rng.integers(1, chunk + 1, size=B)), 1)
+        n = n.astype(np.int32)
+        indptr = np.concatenate([[0], np.cumsum(n)]).astype(np.int32)
+        tokens = int(indptr[-1])
+        k = (2.0 * rng.standard_normal((B * chunk, HK, D))).astype(np.float32)
+        v = rng.standard_normal((B * chunk, HK, D)).astype(np.float32)
+        q = (0.3 * rng.standard_normal((B * chunk, HQ, D))).astype(np.float32)
+        for b in range(B):
+            first, last = int(np_kv.seq_lens[b]), int(np_kv.seq_lens[b]) + int(n[b]) - 1
+            for t in range(first // g, last // g + 1):
+                if np_kv.block_table[b, t] < 0:
+                    np_kv.block_table[b, t] = free.pop()
+        np_kv.seq_lens[:] += n
+        committed = np_kv.seq_lens.copy()
+        flush.append_run(np_kv, np_tail, slots, indptr, k[:tokens], v[:tokens], committed)
+        want_out, want_lse = plan.run(np_kv, q, q_indptr=indptr, return_lse=True, tail=np_tail,
+                                      tail_slots=slots)
+        for kv, tail, fn in zip(kvs, tails, steps):
+            kv.block_table.copy_(torch.from_numpy(np_kv.block_table))
+            kv.seq_lens.copy_(torch.from_numpy(np_kv.seq_lens))
+            out = torch.empty((B * chunk, HQ, D))
+            lse = torch.empty((B * chunk, HQ))
+            fn(kv, tail, torch.from_numpy(slots), torch.from_numpy(indptr),
+               torch.from_numpy(k[:tokens]), torch.from_numpy(v[:tokens]),
+               torch.from_numpy(committed), torch.from_numpy(q), out, lse)
+            assert np.array_equal(kv.record_tiles.numpy(), np_kv.record_tiles)
+            np.testing.assert_array_equal(out.numpy()[:tokens], want_out[:tokens],
+                                          err_msg=f"step {it}")
+            np.testing.assert_array_equal(lse.numpy()[:tokens], want_lse[:tokens])
+            np.testing.assert_array_equal(kv.records.numpy(), np_kv.records)
+    assert int(np_kv.record_tiles.sum()) > 4
+    kvarn._paged.forget_torch_handle(flush)

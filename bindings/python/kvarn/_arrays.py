@@ -117,8 +117,8 @@ class Array(NamedTuple):
 
 
 def _c_contiguous(shape: Sequence[int], strides_elems: Optional[Sequence[int]]) -> bool:
-    if strides_elems is None:
-        return True
+    if strides_elems is None or 0 in shape:
+        return True  # an empty array has no element to misplace (torch may give it any strides)
     expected = 1
     for extent, stride in zip(reversed(shape), reversed(strides_elems)):
         if extent != 1 and stride != expected:

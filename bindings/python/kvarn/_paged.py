@@ -508,16 +508,18 @@ _next_handle = [1]
 
 
 def torch_handle(obj: Any) -> int:
-    """The int handle naming an :class:`AttentionPlan` or :class:`FlushPlan` in the torch
-    custom ops (``torch.ops.kvarn.*``): the same int for the object's lifetime; the registry
-    holds the object until it is closed."""
-    if not isinstance(obj, (AttentionPlan, FlushPlan)):
+    """The int handle naming an :class:`AttentionPlan`, :class:`FlushPlan` or
+    :class:`TailFlushPlan` in the torch custom ops (``torch.ops.kvarn.*``): the same int for
+    the object's lifetime; the registry holds the object until it is closed (a TailFlushPlan:
+    until :func:`forget_torch_handle`)."""
+    if not isinstance(obj, (AttentionPlan, FlushPlan, TailFlushPlan)):
         raise InvalidArgumentError(
-            f"expected a kvarn.AttentionPlan or kvarn.FlushPlan, got {type(obj).__name__}"
+            "expected a kvarn.AttentionPlan, FlushPlan or TailFlushPlan, got "
+            f"{type(obj).__name__}"
         )
     if isinstance(obj, AttentionPlan):
         obj._h()
-    elif obj._closed:
+    elif isinstance(obj, FlushPlan) and obj._closed:
         raise InvalidArgumentError("the FlushPlan is closed")
     with _handles_lock:
         handle = obj.__dict__.get("_torch_handle", 0)
@@ -535,6 +537,11 @@ def from_handle(handle: int) -> Any:
     if obj is None:
         raise InvalidArgumentError(f"kvarn handle {handle}: no open plan has it")
     return obj
+
+
+def forget_torch_handle(obj: Any) -> None:
+    """Drops obj's handle from the registry (the torch ops can no longer name it)."""
+    _forget_handle(obj)
 
 
 def _forget_handle(obj: Any) -> None:
@@ -596,6 +603,36 @@ class TailState:
         self.slot_bytes = tail_state_bytes(self.config, self.num_kv_heads, self.max_step_tokens,
                                            self.row_bits)
         self.states, self._address = _workspace(ctx, self.slot_bytes * self.num_slots, like)
+
+    @classmethod
+    def over(
+        cls,
+        ctx: Context,
+        config: Config,
+        states: Any,
+        *,
+        num_kv_heads: int,
+        max_step_tokens: int = 1,
+        row_bits: int = 16,
+    ) -> "TailState":
+        """A TailState over memory the caller owns (e.g. a tensor of an engine's pool): the
+        slots are `states` (contiguous, in the context's memory) cut into slots of
+        :func:`tail_state_bytes`; num_slots = its bytes // slot_bytes."""
+        self = cls.__new__(cls)
+        self.ctx = ctx
+        self.config = _config(config)
+        self.num_kv_heads = int(num_kv_heads)
+        self.max_step_tokens = int(max_step_tokens)
+        self.row_bits = int(row_bits)
+        self.slot_bytes = tail_state_bytes(self.config, self.num_kv_heads, self.max_step_tokens,
+                                           self.row_bits)
+        arr = _take(ctx, states, "states", ctx.stream, writable=True)
+        nbytes = int(getattr(states, "nbytes", 0))
+        if nbytes < self.slot_bytes:
+            raise ShapeError(f"states: {nbytes} bytes, less than one slot ({self.slot_bytes})")
+        self.num_slots = nbytes // self.slot_bytes
+        self.states, self._address = states, arr.address
+        return self
 
     def _c(self, ctx: Context, batch: int, tail_slots: Any, dl: int) -> Tuple[Any, Any]:
         if ctx is not self.ctx:

@@ -21,6 +21,11 @@ PagedKV.
     kvarn.torch_ops.paged_append(flush, kv, token_indptr, slot_mapping, k, v, status)
     kvarn.torch_ops.paged_flush(flush, kv, n_flush, flush_src, flush_dst, flush_seq, status)
     kvarn.torch_ops.paged_attention(plan, kv, q, out, lse, status=status)
+
+The one-pool memory model (kvarn_experimental.h, experimental) has two ops of its own:
+``torch.ops.kvarn.paged_append_flush_tail`` (append and flush in one, under a
+:class:`kvarn.TailFlushPlan`) and ``torch.ops.kvarn.paged_attention_tail``; the tail slots are a
+tensor (``kvarn.TailState(..., like=t)`` or ``kvarn.TailState.over(ctx, config, tensor, ...)``).
 """
 
 from __future__ import annotations
@@ -144,6 +149,84 @@ def _define() -> None:
           q, out, lse, q_indptr, seq_status) -> None:
         return None
 
+    # The one-pool memory model (kvarn_experimental.h's tail state): `states` is the layer's
+    # tail slots (a TailState.over view is made of it each call), record_tiles is advanced in
+    # place.
+    @torch.library.custom_op(
+        "kvarn::paged_append_flush_tail",
+        mutates_args=("records", "record_tiles", "states", "seq_status"),
+    )
+    def paged_append_flush_tail_op(
+        handle: int,
+        records: Tensor,
+        k_pages: Tensor,
+        v_pages: Tensor,
+        block_table: Tensor,
+        seq_lens: Tensor,
+        record_tiles: Tensor,
+        states: Tensor,
+        tail_slots: Tensor,
+        max_step_tokens: int,
+        row_bits: int,
+        token_indptr: Tensor,
+        k: Tensor,
+        v: Tensor,
+        committed: Tensor,
+        seq_status: Optional[Tensor],
+    ) -> None:
+        plan = _paged.from_handle(handle)
+        if not isinstance(plan, _paged.TailFlushPlan):
+            raise TypeError(f"kvarn::paged_append_flush_tail: handle {handle} is not a "
+                            "kvarn.TailFlushPlan")
+        kv = _kv(records, k_pages, v_pages, block_table, seq_lens, record_tiles)
+        tail = _paged.TailState.over(plan.ctx, plan.config, states, num_kv_heads=kv.num_kv_heads,
+                                     max_step_tokens=max_step_tokens, row_bits=row_bits)
+        plan.append_run(kv, tail, tail_slots, token_indptr, k, v, committed,
+                        seq_status=seq_status)
+
+    @paged_append_flush_tail_op.register_fake
+    def _(handle, records, k_pages, v_pages, block_table, seq_lens, record_tiles,  # type: ignore
+          states, tail_slots, max_step_tokens, row_bits, token_indptr, k, v, committed,
+          seq_status) -> None:
+        return None
+
+    @torch.library.custom_op(
+        "kvarn::paged_attention_tail", mutates_args=("out", "lse", "seq_status")
+    )
+    def paged_attention_tail_op(
+        handle: int,
+        records: Tensor,
+        k_pages: Tensor,
+        v_pages: Tensor,
+        block_table: Tensor,
+        seq_lens: Tensor,
+        record_tiles: Tensor,
+        states: Tensor,
+        tail_slots: Tensor,
+        max_step_tokens: int,
+        row_bits: int,
+        q: Tensor,
+        out: Tensor,
+        lse: Optional[Tensor],
+        q_indptr: Optional[Tensor],
+        seq_status: Optional[Tensor],
+    ) -> None:
+        plan = _paged.from_handle(handle)
+        if not isinstance(plan, _paged.AttentionPlan):
+            raise TypeError(f"kvarn::paged_attention_tail: handle {handle} is not a "
+                            "kvarn.AttentionPlan")
+        kv = _kv(records, k_pages, v_pages, block_table, seq_lens, record_tiles)
+        tail = _paged.TailState.over(plan.ctx, plan.config, states, num_kv_heads=kv.num_kv_heads,
+                                     max_step_tokens=max_step_tokens, row_bits=row_bits)
+        plan.run(kv, q, q_indptr=q_indptr, out=out, lse=lse, seq_status=seq_status, tail=tail,
+                 tail_slots=tail_slots)
+
+    @paged_attention_tail_op.register_fake
+    def _(handle, records, k_pages, v_pages, block_table, seq_lens, record_tiles,  # type: ignore
+          states, tail_slots, max_step_tokens, row_bits, q, out, lse, q_indptr,
+          seq_status) -> None:
+        return None
+
 
 _define()
 
@@ -209,4 +292,50 @@ def paged_attention(
     return out
 
 
-__all__ = ["paged_append", "paged_attention", "paged_flush"]
+def _tail(tail: Any, tail_slots: Tensor) -> tuple:
+    return (tail.states, tail_slots, tail.max_step_tokens, tail.row_bits)
+
+
+def paged_append_flush_tail(
+    plan: Any,
+    kv: PagedKV,
+    tail: Any,
+    tail_slots: Tensor,
+    token_indptr: Tensor,
+    k: Tensor,
+    v: Tensor,
+    committed: Tensor,
+    seq_status: Optional[Tensor] = None,
+) -> None:
+    """``torch.ops.kvarn.paged_append_flush_tail`` under a TailFlushPlan made with max_tokens
+    (or its handle): the one-pool step's append and flush in one op, kv.record_tiles advanced in
+    place; see :meth:`kvarn.TailFlushPlan.append_run`. `tail`: a :class:`kvarn.TailState` whose
+    states are a tensor (``like=`` a tensor, or :meth:`kvarn.TailState.over`). Experimental."""
+    torch.ops.kvarn.paged_append_flush_tail(
+        _handle(plan), *_pools(kv), *_tail(tail, tail_slots), token_indptr, k, v, committed,
+        seq_status
+    )
+
+
+def paged_attention_tail(
+    plan: Any,
+    kv: PagedKV,
+    tail: Any,
+    tail_slots: Tensor,
+    q: Tensor,
+    out: Tensor,
+    lse: Optional[Tensor] = None,
+    *,
+    q_indptr: Optional[Tensor] = None,
+    seq_status: Optional[Tensor] = None,
+) -> Tensor:
+    """``torch.ops.kvarn.paged_attention_tail``: attention over the records and the tail slots
+    under an AttentionPlan (or its handle); returns out. Experimental."""
+    torch.ops.kvarn.paged_attention_tail(
+        _handle(plan), *_pools(kv), *_tail(tail, tail_slots), q, out, lse, q_indptr, seq_status
+    )
+    return out
+
+
+__all__ = ["paged_append", "paged_append_flush_tail", "paged_attention", "paged_attention_tail",
+           "paged_flush"]
