@@ -159,6 +159,39 @@ def run(device: str, calls: int, shape: Dict[str, int]) -> Dict[str, Dict[str, f
     return rows
 
 
+def run_tail(calls: int, shape: Dict[str, int]) -> Dict[str, Dict[str, float]]:
+    """The one-pool model's ops (paged_append_flush_tail, paged_attention_tail) on CPU tensors
+    (the append-flush call is CPU only so far): C++ vs Python op helpers, no work (no tokens,
+    empty sequences)."""
+    batch, hk, hq, d, g = (shape[n] for n in ("batch", "hk", "hq", "d", "g"))
+    ctx = kvarn.Context("cpu", num_threads=1)
+    config = kvarn.Config.from_preset(f"k4v2_g{g}", d, sink_tiles=0)
+    host = kvarn.PagedKV.allocate(ctx, config, num_kv_heads=hk, num_record_blocks=2 * batch,
+                                  num_pages=0, batch=batch, max_blocks_per_seq=2)
+    kv = kvarn.PagedKV(*(torch.from_numpy(getattr(host, n).copy()) for n in POOLS))
+    tail = kvarn.TailState.over(
+        ctx, config, torch.zeros(batch * kvarn.tail_state_bytes(config, hk), dtype=torch.uint8),
+        num_kv_heads=hk)
+    slots = torch.arange(batch, dtype=torch.int32)
+    indptr = torch.zeros(batch + 1, dtype=torch.int32)
+    committed = torch.zeros(batch, dtype=torch.int32)
+    k = torch.zeros((batch, hk, d))
+    q, out = torch.zeros((batch, hq, d)), torch.zeros((batch, hq, d))
+    flush = kvarn.TailFlushPlan(ctx, config, num_kv_heads=hk, batch=batch, max_tokens=batch)
+    plan = kvarn.AttentionPlan(ctx, config, batch=batch, num_kv_heads=hk, max_blocks_per_seq=2,
+                               num_q_heads=hq, like=slots)
+    rows: Dict[str, Dict[str, float]] = {"append_flush_tail": {}, "attention_tail": {}}
+    mods = {"C++ op (helper)": cpp_ops} if cpp_ops.available() else {}
+    mods["Python op (helper)"] = py_ops
+    for column, mod in mods.items():
+        rows["append_flush_tail"][column] = timed(
+            lambda: mod.paged_append_flush_tail(flush, kv, tail, slots, indptr, k, k, committed),
+            calls, False)
+        rows["attention_tail"][column] = timed(
+            lambda: mod.paged_attention_tail(plan, kv, tail, slots, q, out), calls, False)
+    return rows
+
+
 def cpu_model() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -195,6 +228,14 @@ def main() -> None:
         print("|---|" + "---:|" * len(cols))
         for op, vals in rows.items():
             print(f"| {op} | " + " | ".join(f"{vals[c]:.1f}" for c in cols) + " |")
+    rows = run_tail(args.calls, shape)
+    cols = list(next(iter(rows.values())).keys())
+    print(f"\n### one-pool model ops, CPU tensors: host us per call, median of {args.calls} "
+          f"(same shape, no work)\n")
+    print("| op | " + " | ".join(cols) + " |")
+    print("|---|" + "---:|" * len(cols))
+    for op, vals in rows.items():
+        print(f"| {op} | " + " | ".join(f"{vals[c]:.1f}" for c in cols) + " |")
 
 
 if __name__ == "__main__":

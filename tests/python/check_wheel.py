@@ -41,9 +41,11 @@ def main() -> int:
         assert required in names, f"{required} missing from the wheel"
     modules = [n for n in names if re.fullmatch(r"kvarn/_capi\..*\.so", n)]
     assert len(modules) == 1, names
-    # The one header allowed: kvarn/csrc's copy of kvarn.h, which the C++ torch ops
-    # (kvarn.torch_ops_cpp) compile against on first use. No CMake or pkg-config files.
-    torch_ops_sources = {"kvarn/csrc/torch_ops.cpp", "kvarn/csrc/include/kvarn/kvarn.h"}
+    # The headers allowed: kvarn/csrc's copies of kvarn.h and kvarn_experimental.h, which the
+    # C++ torch ops (kvarn.torch_ops_cpp) compile against on first use. No CMake or pkg-config
+    # files.
+    torch_ops_sources = {"kvarn/csrc/torch_ops.cpp", "kvarn/csrc/include/kvarn/kvarn.h",
+                         "kvarn/csrc/include/kvarn/kvarn_experimental.h"}
     assert torch_ops_sources <= set(names), "the C++ torch ops sources are missing"
     development = [
         n for n in names if n.endswith((".h", ".cmake", ".pc")) and n not in torch_ops_sources

@@ -296,3 +296,73 @@ def test_cuda_graph_replay_equals_eager(rng, index):
             assert bool(s.meta[0]["status"].any())
         for meta in s.meta:
             meta["status"].zero_()
+
+
+@pytest.mark.parametrize("row_bits", [16, 8])
+def test_tail_state_ops_match_the_python_ops(ctx, rng, row_bits):
+    """The one-pool model's ops (paged_append_flush_tail, paged_attention_tail): C++ ops, eager
+    and under torch.compile(fullgraph), bit for bit the Python ops over prefill chunks of up to
+    150 tokens into decode-sized slots, then decode steps."""
+    b_, hk, hq, d = 4, 2, 4, 128
+    config = kvarn.Config.from_preset("k4v2_g64", d, sink_tiles=0)
+    g = config.tile_tokens
+    chunk, max_len = 150, 450
+    max_blocks = max_len // g + 2
+    base = kvarn.PagedKV.allocate(ctx, config, num_kv_heads=hk, num_record_blocks=b_ * max_blocks,
+                                  num_pages=0, batch=b_, max_blocks_per_seq=max_blocks)
+    kvs = [kvarn.PagedKV(*(torch.from_numpy(getattr(base, n).copy()) for n in POOLS))
+           for _ in range(3)]
+    slot_bytes = kvarn.tail_state_bytes(config, hk, 1, row_bits)
+    tails = [kvarn.TailState.over(ctx, config, torch.zeros(b_ * slot_bytes, dtype=torch.uint8),
+                                  num_kv_heads=hk, row_bits=row_bits) for _ in range(3)]
+    slots = torch.tensor([2, 0, 3, 1], dtype=torch.int32)
+    flush = kvarn.TailFlushPlan(ctx, config, num_kv_heads=hk, batch=b_, max_tokens=b_ * chunk)
+    plan = kvarn.AttentionPlan(ctx, config, batch=b_, num_kv_heads=hk,
+                               max_blocks_per_seq=max_blocks, num_q_heads=hq,
+                               max_q_per_seq=chunk, max_total_q=b_ * chunk)
+
+    def step(ops, kv, tail, indptr, k, v, committed, q, out, lse):
+        ops.paged_append_flush_tail(flush, kv, tail, slots, indptr, k, v, committed)
+        ops.paged_attention_tail(plan, kv, tail, slots, q, out, lse, q_indptr=indptr)
+
+    def cpp_step(*a):
+        step(cpp_ops, *a)
+
+    runs = [lambda *a: step(py_ops, *a), cpp_step,
+            torch.compile(cpp_step, backend="aot_eager", fullgraph=True)]
+    for kv in kvs:
+        kv.block_table.fill_(-1)
+    table = np.full((b_, max_blocks), -1, np.int32)
+    lens = np.zeros(b_, np.int32)
+    free = list(range(b_ * max_blocks - 1, -1, -1))
+    prompt = rng.integers(80, 350, size=b_)
+    for it in range(12):
+        left = prompt - lens
+        n = np.where(left > 0, np.minimum(left, rng.integers(1, chunk + 1, size=b_)), 1)
+        n = n.astype(np.int32)
+        indptr = torch.from_numpy(np.concatenate([[0], np.cumsum(n)]).astype(np.int32))
+        tokens = int(indptr[-1])
+        k = torch.from_numpy((2.0 * rng.standard_normal((tokens, hk, d))).astype(np.float32))
+        v = torch.from_numpy(rng.standard_normal((tokens, hk, d)).astype(np.float32))
+        q = torch.from_numpy((0.3 * rng.standard_normal((b_ * chunk, hq, d))).astype(np.float32))
+        for b in range(b_):
+            for t in range(int(lens[b]) // g, (int(lens[b]) + int(n[b]) - 1) // g + 1):
+                if table[b, t] < 0:
+                    table[b, t] = free.pop()
+        lens += n
+        committed = torch.from_numpy(lens.copy())
+        outs = []
+        for kv, tail, run in zip(kvs, tails, runs):
+            kv.block_table.copy_(torch.from_numpy(table))
+            kv.seq_lens.copy_(torch.from_numpy(lens))
+            out = torch.empty((b_ * chunk, hq, d))
+            lse = torch.empty((b_ * chunk, hq))
+            run(kv, tail, indptr, k, v, committed, q, out, lse)
+            outs.append((out[:tokens], lse[:tokens], kv.record_tiles.clone(), kv.records.clone(),
+                         tail.states.clone()))
+        for got in outs[1:]:
+            for a, b in zip(outs[0], got):
+                assert torch.equal(a, b), f"step {it}"
+    assert int(kvs[0].record_tiles.sum()) > 4
+    with pytest.raises(TypeError, match="TailFlushPlan"):
+        cpp_ops.paged_append_flush_tail(plan, kvs[1], tails[1], slots, indptr, k, v, committed)

@@ -110,8 +110,9 @@ def _build() -> None:
     cuda_inc = _cuda_include()
     with open(source, "rb") as f:
         digest = hashlib.sha256(f.read())
-    with open(os.path.join(include, "kvarn", "kvarn.h"), "rb") as f:
-        digest.update(f.read())
+    for header in ("kvarn.h", "kvarn_experimental.h"):
+        with open(os.path.join(include, "kvarn", header), "rb") as f:
+            digest.update(f.read())
     digest.update(f"{torch.__version__}|{sys.version}|{lib}|{cuda_inc}".encode())
     tag = digest.hexdigest()[:16]
     build_dir = os.path.join(_cache_dir(), tag)
@@ -190,8 +191,9 @@ def _forget_then(h: int, free: Any, native_handle: Any) -> None:
 
 
 def handle(obj: Any) -> int:
-    """The int handle of an :class:`kvarn.AttentionPlan` or :class:`kvarn.FlushPlan` (the one
-    :func:`kvarn.torch_handle` gives), registered with the C++ ops when they are available."""
+    """The int handle of an :class:`kvarn.AttentionPlan`, :class:`kvarn.FlushPlan` or
+    :class:`kvarn.TailFlushPlan` (the one :func:`kvarn.torch_handle` gives), registered with the
+    C++ ops when they are available."""
     if isinstance(obj, int):
         if obj in _registered or _append is None:
             return obj
@@ -218,6 +220,11 @@ def handle(obj: Any) -> int:
             free, native_handle = native._children[obj._token]
             native._children[obj._token] = (
                 functools.partial(_forget_then, h, free), native_handle)
+        elif isinstance(obj, _paged.TailFlushPlan):
+            # No native handle and no close: registered until the context closes (or
+            # _paged.forget_torch_handle / _forget).
+            kind, plan = 2, 0
+            shape = [obj.num_kv_heads, obj.batch, 0, 0, 0, 0, 0, obj.max_tokens]
         else:
             kind, plan = 0, 0
             shape = [obj.num_kv_heads, 0, 0, 0, 0, 0, 0, obj.max_tiles]
@@ -298,10 +305,61 @@ def paged_attention(
     return out
 
 
+def paged_append_flush_tail(
+    plan: Any,
+    kv: PagedKV,
+    tail: Any,
+    tail_slots: Tensor,
+    token_indptr: Tensor,
+    k: Tensor,
+    v: Tensor,
+    committed: Tensor,
+    seq_status: Optional[Tensor] = None,
+) -> None:
+    """``torch.ops.kvarn_cpp.paged_append_flush_tail`` (else the Python op) under a
+    TailFlushPlan made with max_tokens: append and flush of the one-pool model in one op,
+    kv.record_tiles advanced in place. Experimental."""
+    h = handle(plan)
+    if _append is None:
+        return _py_ops.paged_append_flush_tail(h, kv, tail, tail_slots, token_indptr, k, v,
+                                               committed, seq_status)
+    torch.ops.kvarn_cpp.paged_append_flush_tail.default(
+        h, kv.records, kv.k_pages, kv.v_pages, kv.block_table, kv.seq_lens, kv.record_tiles,
+        tail.states, tail_slots, tail.max_step_tokens, tail.row_bits, token_indptr, k, v,
+        committed, seq_status)
+    return None
+
+
+def paged_attention_tail(
+    plan: Any,
+    kv: PagedKV,
+    tail: Any,
+    tail_slots: Tensor,
+    q: Tensor,
+    out: Tensor,
+    lse: Optional[Tensor] = None,
+    *,
+    q_indptr: Optional[Tensor] = None,
+    seq_status: Optional[Tensor] = None,
+) -> Tensor:
+    """``torch.ops.kvarn_cpp.paged_attention_tail`` (else the Python op): attention over the
+    records and the tail slots under an AttentionPlan; returns out. Experimental."""
+    h = handle(plan)
+    if _attention is None:
+        return _py_ops.paged_attention_tail(h, kv, tail, tail_slots, q, out, lse,
+                                            q_indptr=q_indptr, seq_status=seq_status)
+    torch.ops.kvarn_cpp.paged_attention_tail.default(
+        h, kv.records, kv.k_pages, kv.v_pages, kv.block_table, kv.seq_lens, kv.record_tiles,
+        tail.states, tail_slots, tail.max_step_tokens, tail.row_bits, q, out, lse, q_indptr,
+        seq_status)
+    return out
+
+
 def registered_plans() -> int:
     """Plans registered with the C++ ops (for tests)."""
     return int(torch.ops.kvarn_cpp._registered_plans()) if load() else 0
 
 
-__all__ = ["available", "handle", "load", "load_error", "paged_append", "paged_attention",
-           "paged_flush", "registered_plans"]
+__all__ = ["available", "handle", "load", "load_error", "paged_append",
+           "paged_append_flush_tail", "paged_attention", "paged_attention_tail", "paged_flush",
+           "registered_plans"]

@@ -1,6 +1,7 @@
 // torch custom ops in C++ over libkvarn's capturable layer 2: torch.ops.kvarn_cpp.paged_append,
-// paged_flush and paged_attention, with the schemas and semantics of the Python ops in
-// kvarn/torch_ops.py (torch.ops.kvarn.*) but no Python in the call path.
+// paged_flush and paged_attention, and for the one-pool memory model (kvarn_experimental.h)
+// paged_append_flush_tail and paged_attention_tail, with the schemas and semantics of the Python
+// ops in kvarn/torch_ops.py (torch.ops.kvarn.*) but no Python in the call path.
 //
 // Built on first use by kvarn/torch_ops_cpp.py (torch.utils.cpp_extension.load) and linked to
 // the libkvarn.so the kvarn package has loaded. A plan is named by an int64 handle (the one
@@ -18,6 +19,7 @@
 #endif
 
 #include <kvarn/kvarn.h>
+#include <kvarn/kvarn_experimental.h>
 
 #include <cstdint>
 #include <initializer_list>
@@ -36,7 +38,7 @@ using OptTensor = std::optional<Tensor>;
 constexpr int64_t kDlCpu = 1;
 constexpr int64_t kDlCuda = 2;
 
-enum PlanKind : int64_t { kFlushPlan = 0, kAttentionPlan = 1 };
+enum PlanKind : int64_t { kFlushPlan = 0, kAttentionPlan = 1, kTailFlushPlan = 2 };
 
 // What one registered plan's calls need. Immutable after registration except `alive`.
 struct Entry {
@@ -58,7 +60,8 @@ struct Entry {
   bool decode = true;
   at::ScalarType q_dtype = at::kFloat;
   at::ScalarType out_dtype = at::kFloat;
-  int64_t max_tiles = 0;  // flush plans
+  int64_t max_tiles = 0;   // flush plans
+  int64_t max_tokens = 0;  // tail flush plans
 };
 
 struct Registry {
@@ -198,6 +201,35 @@ struct Args {
     return kv;
   }
 
+  // kvarn_tail_state_t over a layer's slots: `states` (any dtype, contiguous) cut into slots of
+  // kvarn_tail_state_bytes (TailState.over's rule).
+  kvarn_tail_state_t tail(const Tensor& states, const Tensor& tail_slots, int64_t max_step_tokens,
+                          int64_t row_bits, int64_t batch, int64_t hk) const {
+    check(tail_slots, "tail_slots", {batch}, {at::kInt});
+    size_t slot_bytes = 0;
+    const kvarn_status_t s = kvarn_tail_state_bytes(&e.config, static_cast<int32_t>(hk),
+                                                    static_cast<int32_t>(max_step_tokens),
+                                                    static_cast<int32_t>(row_bits), &slot_bytes);
+    if (s != KVARN_OK) fail(op, s);
+    TORCH_CHECK_VALUE(states.is_contiguous(), op, ": states: tensor is not C-contiguous");
+    const c10::Device dev = states.device();
+    TORCH_CHECK_VALUE(
+        e.dl_type == kDlCpu ? dev.is_cpu() : dev.is_cuda() && dev.index() == e.device_index, op,
+        ": states: tensor on ", dev, ", not on the context's device");
+    const size_t nbytes = static_cast<size_t>(states.nbytes());
+    TORCH_CHECK_VALUE(nbytes >= slot_bytes, op, ": states: ", nbytes,
+                      " bytes, less than one slot (", slot_bytes, ")");
+    kvarn_tail_state_t t;
+    kvarn_tail_state_defaults(&t);
+    t.states = states.data_ptr();
+    t.slot_bytes = slot_bytes;
+    t.max_step_tokens = static_cast<int32_t>(max_step_tokens);
+    t.num_slots = static_cast<int32_t>(nbytes / slot_bytes);
+    t.slots = tail_slots.data_ptr<int32_t>();
+    t.row_bits = static_cast<int32_t>(row_bits);
+    return t;
+  }
+
   int32_t* status(const OptTensor& seq_status, int64_t batch) const {
     if (!seq_status.has_value()) return nullptr;
     check(*seq_status, "seq_status", {batch}, {at::kInt});
@@ -306,11 +338,12 @@ void paged_flush(int64_t handle, const Tensor& records, const Tensor& k_pages,
   if (s != KVARN_OK) fail(op, s);
 }
 
-void paged_attention(int64_t handle, const Tensor& records, const Tensor& k_pages,
-                     const Tensor& v_pages, const Tensor& block_table, const Tensor& seq_lens,
-                     const Tensor& record_tiles, const Tensor& q, const Tensor& out,
-                     const OptTensor& lse, const OptTensor& q_indptr, const OptTensor& seq_status) {
-  constexpr const char* op = "kvarn_cpp::paged_attention";
+// paged_attention, or paged_attention_tail where states is given.
+void attention(const char* op, int64_t handle, const Tensor& records, const Tensor& k_pages,
+               const Tensor& v_pages, const Tensor& block_table, const Tensor& seq_lens,
+               const Tensor& record_tiles, const Tensor* states, const Tensor* tail_slots,
+               int64_t max_step_tokens, int64_t row_bits, const Tensor& q, const Tensor& out,
+               const OptTensor& lse, const OptTensor& q_indptr, const OptTensor& seq_status) {
   Locked held = acquire(handle, op);
   const Entry& e = *held.entry;
   TORCH_CHECK_TYPE(e.kind == kAttentionPlan, op, ": handle ", handle,
@@ -343,9 +376,79 @@ void paged_attention(int64_t handle, const Tensor& records, const Tensor& k_page
   launch.workspace_bytes = e.workspace_bytes;
   launch.q_row_stride = q_stride;
   launch.out_row_stride = out_stride;
-  const kvarn_status_t s = kvarn_paged_attention_run(e.ctx, e.plan, &kv, &launch, indptr,
-                                                     q.data_ptr(), out.data_ptr(), lse_ptr);
+  kvarn_status_t s;
+  if (states != nullptr) {
+    const kvarn_tail_state_t tail =
+        a.tail(*states, *tail_slots, max_step_tokens, row_bits, kv.batch, kv.num_kv_heads);
+    s = kvarn_paged_attention_tail_run(e.ctx, e.plan, &kv, &tail, &launch, indptr, q.data_ptr(),
+                                       out.data_ptr(), lse_ptr);
+  } else {
+    s = kvarn_paged_attention_run(e.ctx, e.plan, &kv, &launch, indptr, q.data_ptr(), out.data_ptr(),
+                                  lse_ptr);
+  }
   if (s != KVARN_OK) fail(op, s);
+}
+
+void paged_attention(int64_t handle, const Tensor& records, const Tensor& k_pages,
+                     const Tensor& v_pages, const Tensor& block_table, const Tensor& seq_lens,
+                     const Tensor& record_tiles, const Tensor& q, const Tensor& out,
+                     const OptTensor& lse, const OptTensor& q_indptr, const OptTensor& seq_status) {
+  attention("kvarn_cpp::paged_attention", handle, records, k_pages, v_pages, block_table, seq_lens,
+            record_tiles, nullptr, nullptr, 0, 0, q, out, lse, q_indptr, seq_status);
+}
+
+void paged_append_flush_tail(int64_t handle, const Tensor& records, const Tensor& k_pages,
+                             const Tensor& v_pages, const Tensor& block_table,
+                             const Tensor& seq_lens, const Tensor& record_tiles,
+                             const Tensor& states, const Tensor& tail_slots,
+                             int64_t max_step_tokens, int64_t row_bits, const Tensor& token_indptr,
+                             const Tensor& k, const Tensor& v, const Tensor& committed,
+                             const OptTensor& seq_status) {
+  constexpr const char* op = "kvarn_cpp::paged_append_flush_tail";
+  Locked held = acquire(handle, op);
+  const Entry& e = *held.entry;
+  TORCH_CHECK_TYPE(e.kind == kTailFlushPlan, op, ": handle ", handle,
+                   " is not a kvarn.TailFlushPlan");
+  const Args a{e, op};
+  const kvarn_paged_kv_t kv = a.kv(records, k_pages, v_pages, block_table, seq_lens, record_tiles);
+  TORCH_CHECK_VALUE(kv.num_kv_heads == e.num_kv_heads && kv.batch == e.batch, op, ": kv: batch ",
+                    kv.batch, ", ", kv.num_kv_heads, " KV heads; the TailFlushPlan was made for ",
+                    e.batch, ", ", e.num_kv_heads);
+  const kvarn_tail_state_t tail =
+      a.tail(states, tail_slots, max_step_tokens, row_bits, kv.batch, kv.num_kv_heads);
+  TORCH_CHECK_VALUE(k.dim() == 3, op, ": k: shape ", k.sizes(),
+                    ", expected (max_tokens, num_kv_heads, head_dim)");
+  const int64_t max_tokens = k.size(0);
+  TORCH_CHECK_VALUE(max_tokens <= e.max_tokens, op, ": k: ", max_tokens,
+                    " tokens, more than the TailFlushPlan's max_tokens ", e.max_tokens);
+  const auto floats = {at::kFloat, at::kHalf, at::kBFloat16};
+  const int64_t k_stride =
+      a.check(k, "k", {max_tokens, kv.num_kv_heads, e.config.head_dim}, floats, true);
+  const int64_t v_stride =
+      a.check(v, "v", {max_tokens, kv.num_kv_heads, e.config.head_dim}, {k.scalar_type()}, true);
+  a.check(token_indptr, "token_indptr", {kv.batch + 1}, {at::kInt});
+  a.check(committed, "committed", {kv.batch}, {at::kInt});
+  kvarn_launch_t launch = a.launch(a.stream(k), a.status(seq_status, kv.batch));
+  launch.workspace = e.workspace;
+  launch.workspace_bytes = e.workspace_bytes;
+  launch.k_row_stride = k_stride;
+  launch.v_row_stride = v_stride;
+  const kvarn_status_t s = kvarn_paged_append_flush_tail_run(
+      e.ctx, &e.config, &kv, &tail, &launch, token_indptr.data_ptr<int32_t>(),
+      static_cast<size_t>(max_tokens), kvarn_dtype_of(k.scalar_type()), k.data_ptr(), v.data_ptr(),
+      committed.data_ptr<int32_t>(), record_tiles.data_ptr<int32_t>());
+  if (s != KVARN_OK) fail(op, s);
+}
+
+void paged_attention_tail(int64_t handle, const Tensor& records, const Tensor& k_pages,
+                          const Tensor& v_pages, const Tensor& block_table, const Tensor& seq_lens,
+                          const Tensor& record_tiles, const Tensor& states,
+                          const Tensor& tail_slots, int64_t max_step_tokens, int64_t row_bits,
+                          const Tensor& q, const Tensor& out, const OptTensor& lse,
+                          const OptTensor& q_indptr, const OptTensor& seq_status) {
+  attention("kvarn_cpp::paged_attention_tail", handle, records, k_pages, v_pages, block_table,
+            seq_lens, record_tiles, &states, &tail_slots, max_step_tokens, row_bits, q, out, lse,
+            q_indptr, seq_status);
 }
 
 // Fake (meta) kernels: the ops return nothing and only write their mutable arguments, so
@@ -359,17 +462,26 @@ void paged_flush_meta(int64_t, const Tensor&, const Tensor&, const Tensor&, cons
 void paged_attention_meta(int64_t, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                           const OptTensor&, const OptTensor&, const OptTensor&) {}
+void paged_append_flush_tail_meta(int64_t, const Tensor&, const Tensor&, const Tensor&,
+                                  const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                  const Tensor&, int64_t, int64_t, const Tensor&, const Tensor&,
+                                  const Tensor&, const Tensor&, const OptTensor&) {}
+void paged_attention_tail_meta(int64_t, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t,
+                               int64_t, const Tensor&, const Tensor&, const OptTensor&,
+                               const OptTensor&, const OptTensor&) {}
 
 // config: the 8 kvarn_config_t fields in order; device: (DLPack type, index, context has a
 // stream); shape: (num_kv_heads, batch, num_q_heads, rows, decode, q_dtype, out_dtype,
-// max_tiles), dtypes as kvarn_dtype_t.
+// max_tiles, or a tail flush plan's max_tokens), dtypes as kvarn_dtype_t.
 void register_plan(int64_t handle, int64_t kind, int64_t context, int64_t plan,
                    std::vector<int64_t> config, int64_t workspace, int64_t workspace_bytes,
                    std::vector<int64_t> device, std::vector<int64_t> shape) {
   TORCH_CHECK_VALUE(config.size() == 8 && device.size() == 3 && shape.size() == 8,
                     "kvarn_cpp::_register_plan: config[8], device[3], shape[8]");
-  TORCH_CHECK_VALUE(kind == kFlushPlan || (kind == kAttentionPlan && plan != 0),
-                    "kvarn_cpp::_register_plan: bad kind or plan");
+  TORCH_CHECK_VALUE(
+      kind == kFlushPlan || kind == kTailFlushPlan || (kind == kAttentionPlan && plan != 0),
+      "kvarn_cpp::_register_plan: bad kind or plan");
   TORCH_CHECK_VALUE(context != 0, "kvarn_cpp::_register_plan: no context");
   auto e = std::make_shared<Entry>();
   e->kind = kind;
@@ -396,7 +508,7 @@ void register_plan(int64_t handle, int64_t kind, int64_t context, int64_t plan,
   e->decode = shape[4] != 0;
   e->q_dtype = scalar_type_of(shape[5]);
   e->out_dtype = scalar_type_of(shape[6]);
-  e->max_tiles = shape[7];
+  (kind == kTailFlushPlan ? e->max_tokens : e->max_tiles) = shape[7];
   Registry& r = registry();
   std::lock_guard<std::mutex> g(r.mu);
   // Slots of contexts whose plans are all gone are dropped (a new context may reuse an address).
@@ -447,6 +559,16 @@ TORCH_LIBRARY(kvarn_cpp, m) {
       "paged_attention(int handle, Tensor records, Tensor k_pages, Tensor v_pages, "
       "Tensor block_table, Tensor seq_lens, Tensor record_tiles, Tensor q, Tensor(a!) out, "
       "Tensor(b!)? lse, Tensor? q_indptr, Tensor(c!)? seq_status) -> ()");
+  m.def(
+      "paged_append_flush_tail(int handle, Tensor(a!) records, Tensor k_pages, Tensor v_pages, "
+      "Tensor block_table, Tensor seq_lens, Tensor(b!) record_tiles, Tensor(c!) states, "
+      "Tensor tail_slots, int max_step_tokens, int row_bits, Tensor token_indptr, Tensor k, "
+      "Tensor v, Tensor committed, Tensor(d!)? seq_status) -> ()");
+  m.def(
+      "paged_attention_tail(int handle, Tensor records, Tensor k_pages, Tensor v_pages, "
+      "Tensor block_table, Tensor seq_lens, Tensor record_tiles, Tensor states, "
+      "Tensor tail_slots, int max_step_tokens, int row_bits, Tensor q, Tensor(a!) out, "
+      "Tensor(b!)? lse, Tensor? q_indptr, Tensor(c!)? seq_status) -> ()");
   // Plan registry (torch_ops_cpp.py); ops with no tensors, so one kernel for every key.
   m.def(
       "_register_plan(int handle, int kind, int context, int plan, int[] config, int workspace, "
@@ -460,16 +582,22 @@ TORCH_LIBRARY_IMPL(kvarn_cpp, CPU, m) {
   m.impl("paged_append", &paged_append);
   m.impl("paged_flush", &paged_flush);
   m.impl("paged_attention", &paged_attention);
+  m.impl("paged_append_flush_tail", &paged_append_flush_tail);
+  m.impl("paged_attention_tail", &paged_attention_tail);
 }
 
 TORCH_LIBRARY_IMPL(kvarn_cpp, CUDA, m) {
   m.impl("paged_append", &paged_append);
   m.impl("paged_flush", &paged_flush);
   m.impl("paged_attention", &paged_attention);
+  m.impl("paged_append_flush_tail", &paged_append_flush_tail);
+  m.impl("paged_attention_tail", &paged_attention_tail);
 }
 
 TORCH_LIBRARY_IMPL(kvarn_cpp, Meta, m) {
   m.impl("paged_append", &paged_append_meta);
   m.impl("paged_flush", &paged_flush_meta);
   m.impl("paged_attention", &paged_attention_meta);
+  m.impl("paged_append_flush_tail", &paged_append_flush_tail_meta);
+  m.impl("paged_attention_tail", &paged_attention_tail_meta);
 }
