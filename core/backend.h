@@ -206,6 +206,32 @@ struct BackendOps {
   const int32_t* (*error_word)(Context* ctx);
 };
 
+// The workspace of kvarn_paged_append_flush_tail_run, one layout for every backend (the core
+// sizes and checks it; a backend uses the parts it needs): the staged records, then the appended
+// rows in the cache frame (fp16 [2][max_tokens][Hk][D]), then [batch + 1] int32 (each sequence's
+// first staged tile). Offsets in bytes, each part 256-byte aligned. Sequence b flushes at most
+// (cap + m_b) / G <= cap / G + 1 + m_b / G tiles (cap rows in its slot before the call, m_b
+// appended), so all together batch * (cap / G + 1) + max_tokens / G. The caller checked that
+// the sizes fit size_t.
+inline size_t AppendFlushMaxTiles(const Config& cfg, int batch, int cap, size_t max_tokens) {
+  return static_cast<size_t>(batch) * (static_cast<size_t>(cap) / cfg.G + 1) +
+         max_tokens / static_cast<size_t>(cfg.G);
+}
+struct AppendFlushWorkspace {
+  size_t max_tiles = 0;
+  size_t rows = 0, first = 0, total = 0;  // the records start at 0
+};
+inline AppendFlushWorkspace AppendFlushWorkspaceLayout(const Config& cfg, int num_kv_heads,
+                                                       int batch, int cap, size_t max_tokens) {
+  const auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  AppendFlushWorkspace w;
+  w.max_tiles = AppendFlushMaxTiles(cfg, batch, cap, max_tokens);
+  w.rows = align(w.max_tiles * static_cast<size_t>(num_kv_heads) * cfg.record_bytes());
+  w.first = w.rows + align(2 * max_tokens * static_cast<size_t>(num_kv_heads) * cfg.D * 2);
+  w.total = w.first + align((static_cast<size_t>(batch) + 1) * 4);
+  return w;
+}
+
 struct Context {
   const BackendOps* ops = nullptr;
   kvarn_backend_t backend = KVARN_BACKEND_CPU;

@@ -266,12 +266,13 @@ Status AppendFlushTailWorkspaceBytes(const Config& cfg, int num_kv_heads, int ba
   KVARN_RETURN_IF_ERROR(CheckTailArgs(cfg, num_kv_heads, max_step_tokens));
   if (batch < 0) return InvalidArgument("batch must be >= 0");
   if (max_tokens > kMaxLaunchItems) return InvalidArgument("max_tokens must be < 2^31");
-  // Sequence b flushes at most (cap + m_b) / G <= cap / G + 1 + m_b / G tiles (cap rows in its
-  // slot before the call, m_b appended), so all together batch * (cap / G + 1) + max_tokens / G.
-  const size_t tiles = static_cast<size_t>(batch) * (TailCap(cfg, max_step_tokens) / cfg.G + 1) +
-                       max_tokens / static_cast<size_t>(cfg.G);
+  const int cap = static_cast<int>(TailCap(cfg, max_step_tokens));
+  const size_t tiles = AppendFlushMaxTiles(cfg, batch, cap, max_tokens);
   KVARN_RETURN_IF_ERROR(CheckFlushRecords(num_kv_heads, tiles));
-  *out = FlushWorkspaceBytes(cfg, num_kv_heads, tiles);
+  KVARN_RETURN_IF_ERROR(
+      CheckBufferSize("the staged records", tiles, num_kv_heads, cfg.record_bytes()));
+  KVARN_RETURN_IF_ERROR(CheckBufferSize("the staged rows", max_tokens, num_kv_heads, cfg.D, 4));
+  *out = AppendFlushWorkspaceLayout(cfg, num_kv_heads, batch, cap, max_tokens).total;
   return Status::Ok();
 }
 

@@ -41,11 +41,15 @@ struct Case {
   int D, Hk, group, batch, max_step, steps;
   int window;  // sliding window (0 = full)
   bool sinks;  // learned sink logits
+  // kvarn_paged_append_flush_tail_run for every append and flush: prefill chunks of up to 2G + 17
+  // tokens (committed at once, past what the slot holds) between speculative and decode steps.
+  bool append_flush = false;
   std::string Name() const {
     std::string n = std::string(preset) + "_D" + std::to_string(D) + "_Hk" + std::to_string(Hk) +
                     "_gqa" + std::to_string(group) + "_s" + std::to_string(max_step);
     if (window) n += "_w" + std::to_string(window);
     if (sinks) n += "_sinks";
+    if (append_flush) n += "_af";
     return n;
   }
 };
@@ -249,9 +253,16 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
   const int G = cfg.tile_tokens, Hq = c.Hk * c.group, D = c.D;
   const int max_len = 3 * G + 40;
   Engine e(cfg, c, max_len);
-  const size_t max_tokens = static_cast<size_t>(c.batch) * c.max_step;
+  const int max_chunk = c.append_flush ? std::max(c.max_step, 2 * G + 17) : c.max_step;
+  const size_t max_tokens = static_cast<size_t>(c.batch) * max_chunk;
   size_t ws_flush = 0;
-  KVT_ASSERT_OK(kvarn_paged_flush_tail_workspace_size(&cfg, c.Hk, c.batch, c.max_step, &ws_flush));
+  if (c.append_flush) {
+    KVT_ASSERT_OK(kvarn_paged_append_flush_tail_workspace_size(&cfg, c.Hk, c.batch, c.max_step,
+                                                               max_tokens, &ws_flush));
+  } else {
+    KVT_ASSERT_OK(
+        kvarn_paged_flush_tail_workspace_size(&cfg, c.Hk, c.batch, c.max_step, &ws_flush));
+  }
 
   // Plans: extend (one query per new token) and decode; with the variants of the case.
   kvarn_attention_params_t ap;
@@ -263,7 +274,7 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
   ext.batch = c.batch;
   ext.num_kv_heads = c.Hk;
   ext.max_blocks_per_seq = e.max_blocks;
-  ext.max_q_per_seq = c.max_step;
+  ext.max_q_per_seq = max_chunk;
   ext.max_total_q = static_cast<int64_t>(max_tokens);
   kvarn_attention_shape_t dec = ext;
   dec.max_q_per_seq = 0;
@@ -308,11 +319,14 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
   for (int step = 0; step < c.steps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
     const bool decode = step % 3 == 2;
+    // Append-flush: every other non-decode step is a prefill chunk, committed at once.
+    const bool prefill = c.append_flush && step % 3 == 0;
     // New tokens per sequence: a decode step appends one each; else 1.. what the slot allows
-    // (uncommitted tokens still in the slot count against max_step).
+    // (uncommitted tokens still in the slot count against max_step), or a prefill chunk.
     std::vector<int32_t> indptr(c.batch + 1, 0);
     for (int b = 0; b < c.batch; ++b) {
-      const int room = c.max_step - (e.lens[b] - e.committed[b]);
+      const int room = prefill ? std::min(max_chunk, max_len + c.max_step - e.lens[b])
+                               : c.max_step - (e.lens[b] - e.committed[b]);
       const int n = decode ? 1 : static_cast<int>(rng.Int(1, std::max(1, room)));
       ASSERT_GE(room, n);
       e.Reserve(b, n);
@@ -336,9 +350,20 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
       kvarn_paged_kv_t kv = m.View(e);
       kvarn_tail_state_t tail = m.Tail(e);
       kvarn_launch_t launch = m.Launch(true);
-      KVT_ASSERT_OK(kvarn_paged_append_tail_run(
-          s.ctx, &cfg, &kv, &tail, &launch, static_cast<const int32_t*>(Side::Ptr(m.indptr)), total,
-          KVARN_DTYPE_F32, Side::Ptr(m.k), Side::Ptr(m.v)));
+      if (c.append_flush) {
+        // A prefill chunk commits its tokens now (its complete tiles become records before
+        // attention reads them); other steps commit after verification.
+        Side::Put(m.committed, prefill ? e.lens : e.committed);
+        KVT_ASSERT_OK(kvarn_paged_append_flush_tail_run(
+            s.ctx, &cfg, &kv, &tail, &launch, static_cast<const int32_t*>(Side::Ptr(m.indptr)),
+            total, KVARN_DTYPE_F32, Side::Ptr(m.k), Side::Ptr(m.v),
+            static_cast<const int32_t*>(Side::Ptr(m.committed)),
+            static_cast<int32_t*>(Side::Ptr(m.rtiles))));
+      } else {
+        KVT_ASSERT_OK(kvarn_paged_append_tail_run(
+            s.ctx, &cfg, &kv, &tail, &launch, static_cast<const int32_t*>(Side::Ptr(m.indptr)),
+            total, KVARN_DTYPE_F32, Side::Ptr(m.k), Side::Ptr(m.v)));
+      }
       KVT_ASSERT_OK(kvarn_paged_attention_tail_run(
           s.ctx, decode ? s.dec.get() : s.ext.get(), &kv, &tail, &launch,
           decode ? nullptr : static_cast<const int32_t*>(Side::Ptr(m.indptr)), Side::Ptr(m.q),
@@ -353,8 +378,9 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
     ASSERT_TRUE(Close(outs[0], outs[1], total * Hq, D, "out"));
     ASSERT_TRUE(Close(lses[0], lses[1], total * Hq, 1, "lse"));
 
-    // Verification: keep some of the uncommitted tokens, commit some of the kept ones.
-    for (int b = 0; b < c.batch; ++b) {
+    // Verification: keep some of the uncommitted tokens, commit some of the kept ones (a prefill
+    // chunk was committed whole).
+    for (int b = 0; b < c.batch && !prefill; ++b) {
       e.lens[b] = static_cast<int32_t>(rng.Int(
           std::max(e.committed[b], e.lens[b] - (indptr[b + 1] - indptr[b]) + 1), e.lens[b]));
       // At most max_step - 1 tokens stay uncommitted, so the next step can append one.
@@ -371,16 +397,26 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
       kvarn_tail_state_t tail = m.Tail(e);
       kvarn_launch_t launch = m.Launch(true);
       // record_tiles_out is kv's own array: the flush advances it in place.
-      KVT_ASSERT_OK(kvarn_paged_flush_tail_run(s.ctx, &cfg, &kv, &tail, &launch,
-                                               static_cast<const int32_t*>(Side::Ptr(m.committed)),
-                                               static_cast<int32_t*>(Side::Ptr(m.rtiles))));
+      if (c.append_flush) {  // max_tokens 0: a flush
+        if (prefill) e.committed = e.lens;
+        Side::Put(m.committed, e.committed);
+        KVT_ASSERT_OK(kvarn_paged_append_flush_tail_run(
+            s.ctx, &cfg, &kv, &tail, &launch, nullptr, 0, KVARN_DTYPE_F32, nullptr, nullptr,
+            static_cast<const int32_t*>(Side::Ptr(m.committed)),
+            static_cast<int32_t*>(Side::Ptr(m.rtiles))));
+      } else {
+        KVT_ASSERT_OK(
+            kvarn_paged_flush_tail_run(s.ctx, &cfg, &kv, &tail, &launch,
+                                       static_cast<const int32_t*>(Side::Ptr(m.committed)),
+                                       static_cast<int32_t*>(Side::Ptr(m.rtiles))));
+      }
       rts.push_back(Side::Get<int32_t>(m.rtiles));
       EXPECT_EQ(Side::Get<int32_t>(m.status), std::vector<int32_t>(c.batch, 0));
     }
     ASSERT_EQ(rts[0], rts[1]);
     for (int b = 0; b < c.batch; ++b) {
       ASSERT_EQ(rts[0][b], e.committed[b] / G) << "sequence " << b;
-      flushed_tiles += rts[0][b] - e.rtiles[b];
+      flushed_tiles += rts[0][b] - e.rtiles[b];  // e.rtiles: as the step began
     }
     e.rtiles = rts[0];
     // Slots: the rows each sequence holds; records: every flushed tile's block.
@@ -443,6 +479,11 @@ const Case kCases[] = {
     {"k8v8_g128", 256, 2, 4, 3, 9, 90, 200, false},  // Gemma shaped, a window of 200
     {"k2v2_g64", 512, 1, 4, 3, 70, 30, 0, false},    // D 512, chunks past one tile
     {"k4v2_g128", 128, 8, 4, 8, 1, 150, 0, false},   // plain decode (max_step 1: cap = G)
+    // Append-flush: prefill chunks of up to 2G + 17 tokens into slots of G - 1 + max_step rows.
+    {"k4v2_g128", 128, 4, 4, 5, 4, 60, 0, false, true},
+    {"k4v4_g64", 64, 8, 8, 4, 2, 60, 128, true, true},
+    {"k8v8_g128", 256, 2, 2, 3, 3, 45, 0, false, true},
+    {"k2v2_g64", 512, 1, 4, 3, 5, 45, 0, false, true},
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CudaTailState, ::testing::ValuesIn(kCases),

@@ -144,6 +144,23 @@ struct TailFlush {
   int32_t* seq_status;
 };
 
+// kvarn_paged_append_flush_tail_run (with TailFlush's slot fields): staged tile i / hk is
+// sequence b's tile record_tiles[b] + (i / hk - first[b]), i / hk in [first[b], first[b + 1]);
+// its rows at positions before the append come from the slot, the others from the staged input
+// rows (already in the cache frame).
+struct AppendFlushTiles {
+  const int32_t* first;   // [batch + 1] (the plan kernel's), or NULL: not an append-flush
+  const uint16_t* rows;   // fp16 [2][max_tokens][Hk][D]
+  const int32_t* indptr;  // token_indptr, or NULL: nothing appended
+  int32_t max_tokens;
+  int32_t batch;
+};
+
+// Tokens sequence b appends (an append-flush with indptr NULL appends none).
+__device__ __forceinline__ int64_t Appended(const AppendFlushTiles& af, int b) {
+  return af.indptr == nullptr ? 0 : int64_t{af.indptr[b + 1]} - af.indptr[b];
+}
+
 struct TileJob {
   // Sources: fp16 tiles [.][G][D] (K at src[0], V at src[1]); tile index of item i is
   // src_pages[i / hk] * hk + i % hk (flush: pages are [Hk][G][D]) or i (src_pages NULL).
@@ -160,6 +177,7 @@ struct TileJob {
   DeviceErrorWords* errors;
   FlushList list;  // kvarn_paged_flush_run: the device list (list.count NULL otherwise)
   TailFlush tail;  // kvarn_paged_flush_tail_run (tail.states NULL otherwise)
+  AppendFlushTiles af;  // kvarn_paged_append_flush_tail_run (af.first NULL otherwise; tail set)
 };
 
 // How many tiles sequence b flushes (TailFlush), or -1 when it is skipped (a status entry already
@@ -264,8 +282,42 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
       return;
     }
   }
+  // The tile's rows: n_src from src (rows D apart), then G - n_src from in_rows (rows in_stride
+  // apart; an append-flush tile that holds the first appended token).
   const uint16_t* src;
-  if (job.tail.states != nullptr) {
+  const uint16_t* in_rows = nullptr;
+  int n_src = G;
+  size_t in_stride = 0;
+  if (job.af.first != nullptr) {
+    const AppendFlushTiles& af = job.af;
+    const TailFlush& f = job.tail;
+    const int tile_index = item / job.hk, h = item % job.hk;
+    if (tile_index >= af.first[af.batch]) return;
+    int lo = 0, hi = af.batch - 1;  // the last b with first[b] <= tile_index
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (af.first[mid] <= tile_index) {
+        lo = mid;
+      } else {
+        hi = mid - 1;
+      }
+    }
+    const int b = lo;
+    seq = b;
+    const int64_t rt = f.record_tiles[b], tile = rt + (tile_index - af.first[b]);
+    const int64_t n_old = f.seq_lens[b] - Appended(af, b);
+    n_src = static_cast<int>(max(int64_t{0}, min(n_old - tile * G, int64_t{G})));
+    src = f.states + static_cast<size_t>(f.slots[b]) * f.slot_elems +
+          ((static_cast<size_t>(which) * job.hk + h) * f.cap + static_cast<size_t>(tile - rt) * G) *
+              D;
+    if (n_src < G) {
+      const int64_t t = af.indptr[b] + (tile * G + n_src - n_old);  // the first input row's token
+      in_stride = static_cast<size_t>(job.hk) * D;
+      in_rows = af.rows + (static_cast<size_t>(which) * af.max_tokens + static_cast<size_t>(t)) *
+                              in_stride +
+                static_cast<size_t>(h) * D;
+    }
+  } else if (job.tail.states != nullptr) {
     const TailFlush& f = job.tail;
     const int per_b = f.per_seq * job.hk;
     const int b = item / per_b, j = (item % per_b) / job.hk, h = item % job.hk;
@@ -288,7 +340,10 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
   uint16_t* tile_smem = reinterpret_cast<uint16_t*>(smem_raw + Shape::kAuxBytes);
   bool bad = false;
   for (int i = threadIdx.x; i < G * D / 8; i += Shape::kThreads) {
-    const uint4 u = reinterpret_cast<const uint4*>(src)[i];
+    const int r = i / (D / 8);
+    const uint4 u = r < n_src ? reinterpret_cast<const uint4*>(src)[i]
+                              : reinterpret_cast<const uint4*>(in_rows + (r - n_src) * in_stride +
+                                                               (i % (D / 8)) * 8)[0];
     const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
@@ -304,6 +359,7 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
     }
     return;
   }
+  // (An append-flush launches only where the tile fits shared memory: in_rows are read above.)
   const TileCta<D, G> cta(kSmemTile ? tile_smem : src);
   uint8_t* rec = job.staged + static_cast<size_t>(job.item_base + item) * job.rb;
   const bool overflow = which == 0 ? cta.template Quantize<false>(job.bits[0], job.normalize[0],
@@ -835,6 +891,198 @@ __global__ void __launch_bounds__(256)
   if (threadIdx.x == 0) record_tiles_out[b] = rt + max(nflush, 0);
 }
 
+// The append-flush's plan, one CTA of kPlanThreads: checks every sequence the staging left live
+// (lengths, committed, slot, block table; a fault is reported and flushes nothing) and writes
+// first[b], the exclusive prefix sum of the tiles each flushes, and first[batch], the total.
+constexpr int kPlanThreads = 1024;
+
+__device__ int AppendFlushTileCount(const TailFlush& f, const AppendFlushTiles& af,
+                                 DeviceErrorWords* errors, int G, int b) {
+  if (f.seq_status != nullptr && *static_cast<const volatile int32_t*>(&f.seq_status[b]) != 0) {
+    return 0;
+  }
+  const int64_t n = f.seq_lens[b], rt = f.record_tiles[b], c = f.committed[b];
+  const int64_t n_old = n - Appended(af, b);
+  DeviceErrorKind what = kErrNone;
+  int64_t detail = 0;
+  if (rt < 0 || n_old < rt * G || n_old - rt * G > f.cap) {
+    what = kErrTailRow;  // the slot's rows before the append
+    detail = n_old - rt * G;
+  } else if (c < rt * G || c > n) {
+    what = kErrCommitted;
+    detail = c;
+  } else if (n - c / G * G > f.cap) {
+    what = kErrTailRow;  // the rows left past the new records
+    detail = n - c / G * G;
+  } else if (n > rt * G && (f.slots[b] < 0 || f.slots[b] >= f.num_slots)) {
+    what = kErrTailSlot;
+    detail = f.slots[b];
+  } else if (c / G > f.max_blocks) {
+    what = kErrSeqLen;
+    detail = c / G;
+  } else {
+    for (int64_t tile = rt; tile < c / G; ++tile) {
+      const int32_t id = f.block_table[static_cast<size_t>(b) * f.max_blocks + tile];
+      if (id < 0 || id >= f.num_blocks) {
+        what = kErrBlockTable;
+        detail = tile;
+        break;
+      }
+    }
+  }
+  if (what != kErrNone) {
+    const int32_t d = static_cast<int32_t>(detail < INT32_MIN   ? INT32_MIN
+                                           : detail > INT32_MAX ? INT32_MAX
+                                                                : detail);
+    ReportSequenceError(f.seq_status, errors, b, KVARN_ERR_INVALID_ARGUMENT, what, b, d);
+    return 0;
+  }
+  return static_cast<int>(c / G - rt);
+}
+
+__global__ void __launch_bounds__(kPlanThreads)
+    AppendFlushPlanKernel(const TailFlush f, const AppendFlushTiles af, int G,
+                          DeviceErrorWords* errors, int32_t* first) {
+  __shared__ int32_t scan[kPlanThreads];
+  int32_t carry = 0;
+  for (int b0 = 0; b0 < af.batch; b0 += kPlanThreads) {
+    const int b = b0 + static_cast<int>(threadIdx.x);
+    const int32_t mine = b < af.batch ? AppendFlushTileCount(f, af, errors, G, b) : 0;
+    scan[threadIdx.x] = mine;
+    __syncthreads();
+    for (int d = 1; d < kPlanThreads; d *= 2) {  // inclusive scan (Hillis-Steele)
+      const int32_t add = threadIdx.x >= static_cast<unsigned>(d) ? scan[threadIdx.x - d] : 0;
+      __syncthreads();
+      scan[threadIdx.x] += add;
+      __syncthreads();
+    }
+    if (b < af.batch) first[b] = carry + scan[threadIdx.x] - mine;
+    carry += scan[kPlanThreads - 1];
+    __syncthreads();  // scan[] is rewritten next round
+  }
+  if (threadIdx.x == 0) first[af.batch] = carry;
+}
+
+// The append-flush's commit, one CTA per sequence: unless the call failed (no status array) or
+// the sequence faulted, copies its staged records to their blocks, moves the slot's rows past
+// the new records to its start, writes the appended rows past them into the slot, and writes
+// record_tiles_out[b]. kVec: 16-byte record copies.
+template <int kVec>
+__global__ void __launch_bounds__(256)
+    AppendFlushCommitKernel(const TailFlush f, const AppendFlushTiles af, const uint8_t* staged,
+                            size_t rb, uint8_t* records, size_t record_stride, int hk, int G,
+                            int D, const DeviceErrorWords* errors, int32_t* record_tiles_out) {
+  if (*static_cast<const volatile int32_t*>(&errors->launch_flag) != 0) return;
+  const int b = blockIdx.x;
+  const int32_t rt = f.record_tiles[b];
+  const bool live =
+      f.seq_status == nullptr || *static_cast<const volatile int32_t*>(&f.seq_status[b]) == 0;
+  const int nflush = live ? af.first[b + 1] - af.first[b] : 0;
+  const int64_t n = f.seq_lens[b], n_old = n - Appended(af, b), new_rt = rt + nflush;
+  if (live) {
+    for (int j = 0; j < nflush; ++j) {
+      const size_t block =
+          static_cast<size_t>(f.block_table[static_cast<size_t>(b) * f.max_blocks + rt + j]);
+      for (int h = 0; h < hk; ++h) {
+        const uint8_t* s =
+            staged + ((static_cast<size_t>(af.first[b]) + j) * hk + h) * rb;
+        uint8_t* d = records + (block * hk + h) * record_stride;
+        if (kVec == 16) {
+          for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x) {
+            reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
+          }
+        } else {
+          for (size_t i = threadIdx.x; i < rb; i += blockDim.x) d[i] = s[i];
+        }
+      }
+    }
+    const int row_vecs = D / 8;
+    uint4* slot = n > new_rt * G ? reinterpret_cast<uint4*>(const_cast<uint16_t*>(f.states) +
+                                                           static_cast<size_t>(f.slots[b]) *
+                                                               f.slot_elems)
+                                 : nullptr;
+    // The slot's rows that stay move down by the flushed tiles, in chunks of `shift` rows:
+    // chunk k writes the rows chunk k - 1 read (done, after the barrier) and reads none that
+    // chunk k writes.
+    const int shift = nflush * G;
+    const int64_t kept = n_old - rt * G - shift;
+    for (int64_t r0 = 0; shift > 0 && r0 < kept; r0 += shift) {
+      const int m = static_cast<int>(min(int64_t{shift}, kept - r0));
+      const int per_head = m * row_vecs;
+      for (int idx = threadIdx.x; idx < 2 * hk * per_head; idx += blockDim.x) {
+        const int head = idx / per_head, e = idx % per_head;  // head: which * hk + h
+        uint4* base = slot + static_cast<size_t>(head) * f.cap * row_vecs;
+        const size_t dst = static_cast<size_t>(r0) * row_vecs + e;
+        base[dst] = base[dst + static_cast<size_t>(shift) * row_vecs];
+      }
+      __syncthreads();
+    }
+    // The appended rows past the new records (the others are in records now).
+    const int64_t p0 = max(n_old, new_rt * G);
+    const int count = static_cast<int>(n - p0);
+    const int per_head = count * row_vecs;
+    for (int idx = threadIdx.x; idx < 2 * hk * per_head; idx += blockDim.x) {
+      const int head = idx / per_head, e = idx % per_head, which = head / hk, h = head % hk;
+      const int r = e / row_vecs, c = e % row_vecs;
+      const size_t token = static_cast<size_t>(af.indptr[b] + (p0 + r - n_old));
+      const uint4* in = reinterpret_cast<const uint4*>(
+          af.rows + ((static_cast<size_t>(which) * af.max_tokens + token) * hk + h) * D);
+      slot[(static_cast<size_t>(head) * f.cap + static_cast<size_t>(p0 + r - new_rt * G)) *
+               row_vecs +
+           c] = in[c];
+    }
+  }
+  __syncthreads();  // every thread has read record_tiles[b] (record_tiles_out may be it)
+  if (threadIdx.x == 0) record_tiles_out[b] = static_cast<int32_t>(new_rt);
+}
+
+// The slot fields of a tail flush or append-flush.
+TailFlush TailFlushOf(const PagedKV& kv, const LaunchArgs& launch, const int32_t* committed,
+                      int per_seq) {
+  TailFlush f{};
+  f.states = kv.tail_states;
+  f.slot_elems = kv.tail_slot_elems;
+  f.cap = kv.tail_cap;
+  f.num_slots = kv.num_tail_slots;
+  f.slots = kv.tail_slots;
+  f.seq_lens = kv.seq_lens;
+  f.record_tiles = kv.record_tiles;
+  f.committed = committed;
+  f.block_table = kv.block_table;
+  f.max_blocks = kv.max_blocks_per_seq;
+  f.num_blocks = kv.num_record_blocks;
+  f.per_seq = per_seq;
+  f.seq_status = launch.seq_status;
+  return f;
+}
+
+// A tile job staging records at the start of the workspace.
+TileJob TailTileJob(const Config& cfg, int hk, const LaunchArgs& launch, DeviceErrorWords* errors) {
+  TileJob job{};
+  job.hk = hk;
+  job.normalize[0] = cfg.k_normalize;
+  job.normalize[1] = cfg.v_normalize;
+  job.bits[0] = cfg.key_bits;
+  job.bits[1] = cfg.value_bits;
+  job.iterations = cfg.iterations;
+  job.staged = static_cast<uint8_t*>(launch.workspace);
+  job.rb = cfg.record_bytes();
+  job.ro = Offsets(cfg);
+  job.errors = errors;
+  return job;
+}
+
+// Whether a D x G tile fits the device's shared memory (QuantizeTilesKernel's kSmemTile).
+bool TileFitsSharedMemory(Context* ctx, const Config& cfg) {
+  bool fits = false;
+  (void)DispatchDG(cfg.D, cfg.G, [&](auto d, auto g) -> Status {
+    using Shape = TileShape<decltype(d)::value, decltype(g)::value>;
+    fits = Shape::kAuxBytes + Shape::kTileBytes <= static_cast<size_t>(State(ctx)->max_smem_optin);
+    return Status::Ok();
+  });
+  return fits;
+}
+
 }  // namespace
 
 // The capturable tail flush: the quantize kernel over every (sequence, tile, head) a slot can
@@ -851,31 +1099,9 @@ Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
   const size_t items = static_cast<size_t>(kv.batch) * per_seq * Hk;
   CudaState* s = State(ctx);
   KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
-  TileJob job{};
-  job.hk = Hk;
-  job.normalize[0] = cfg.k_normalize;
-  job.normalize[1] = cfg.v_normalize;
-  job.bits[0] = cfg.key_bits;
-  job.bits[1] = cfg.value_bits;
-  job.iterations = cfg.iterations;
-  job.staged = static_cast<uint8_t*>(launch.workspace);
-  job.rb = cfg.record_bytes();
-  job.ro = Offsets(cfg);
-  job.errors = s->errors;
-  TailFlush& f = job.tail;
-  f.states = kv.tail_states;
-  f.slot_elems = kv.tail_slot_elems;
-  f.cap = kv.tail_cap;
-  f.num_slots = kv.num_tail_slots;
-  f.slots = kv.tail_slots;
-  f.seq_lens = kv.seq_lens;
-  f.record_tiles = kv.record_tiles;
-  f.committed = committed;
-  f.block_table = kv.block_table;
-  f.max_blocks = kv.max_blocks_per_seq;
-  f.num_blocks = kv.num_record_blocks;
-  f.per_seq = per_seq;
-  f.seq_status = launch.seq_status;
+  TileJob job = TailTileJob(cfg, Hk, launch, s->errors);
+  job.tail = TailFlushOf(kv, launch, committed, per_seq);
+  const TailFlush& f = job.tail;
   KVARN_RETURN_IF_ERROR(LaunchTiles(ctx, cfg, job, items));
   const bool vec = Aligned16(kv.records) && kv.record_stride % 16 == 0 && job.rb % 16 == 0;
   const unsigned grid = static_cast<unsigned>(kv.batch);
@@ -889,6 +1115,59 @@ Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                                                      record_tiles_out);
   }
   return CheckLaunch("TailCommitKernel");
+}
+
+// The capturable append-flush: the appended rows staged in the cache frame (validated), the plan
+// kernel (checks, each sequence's first staged tile), the quantize kernel over the bound on the
+// tiles (items past the plan's total return at once), then the commit kernel per sequence.
+Status PagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                               const LaunchArgs& launch, const int32_t* token_indptr,
+                               size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                               const void* v, const int32_t* committed,
+                               int32_t* record_tiles_out) {
+  if (reinterpret_cast<uintptr_t>(launch.workspace) % 256 != 0) {
+    return InvalidArgument("launch->workspace must be 256-byte aligned on a CUDA context");
+  }
+  if (!TileFitsSharedMemory(ctx, cfg)) {
+    return Unsupported("kvarn_paged_append_flush_tail_run needs a D x G tile in shared memory, "
+                       "more than this device offers; use kvarn_paged_append_tail_run and "
+                       "kvarn_paged_flush_tail_run with slots sized for a step");
+  }
+  const int Hk = kv.num_kv_heads;
+  const AppendFlushWorkspace w =
+      AppendFlushWorkspaceLayout(cfg, Hk, kv.batch, kv.tail_cap, max_tokens);
+  uint8_t* ws = static_cast<uint8_t*>(launch.workspace);
+  CudaState* s = State(ctx);
+  KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
+  AppendFlushTiles af{};
+  af.first = reinterpret_cast<int32_t*>(ws + w.first);
+  af.rows = reinterpret_cast<uint16_t*>(ws + w.rows);
+  af.indptr = max_tokens > 0 ? token_indptr : nullptr;
+  af.max_tokens = static_cast<int32_t>(max_tokens);
+  af.batch = kv.batch;
+  if (max_tokens > 0) {
+    KVARN_RETURN_IF_ERROR(StageTailAppendRows(ctx, cfg, kv, launch, token_indptr, max_tokens,
+                                              dtype, k, v, reinterpret_cast<uint16_t*>(ws + w.rows)));
+  }
+  TileJob job = TailTileJob(cfg, Hk, launch, s->errors);
+  job.tail = TailFlushOf(kv, launch, committed, kv.tail_cap / cfg.G);
+  job.af = af;
+  AppendFlushPlanKernel<<<1, kPlanThreads, 0, s->stream>>>(job.tail, af, cfg.G, s->errors,
+                                                           reinterpret_cast<int32_t*>(ws + w.first));
+  KVARN_RETURN_IF_ERROR(CheckLaunch("AppendFlushPlanKernel"));
+  KVARN_RETURN_IF_ERROR(LaunchTiles(ctx, cfg, job, w.max_tiles * Hk));
+  const bool vec = Aligned16(kv.records) && kv.record_stride % 16 == 0 && job.rb % 16 == 0;
+  const unsigned grid = static_cast<unsigned>(kv.batch);
+  if (vec) {
+    AppendFlushCommitKernel<16><<<grid, 256, 0, s->stream>>>(
+        job.tail, af, job.staged, job.rb, kv.records, kv.record_stride, Hk, cfg.G, cfg.D,
+        s->errors, record_tiles_out);
+  } else {
+    AppendFlushCommitKernel<1><<<grid, 256, 0, s->stream>>>(
+        job.tail, af, job.staged, job.rb, kv.records, kv.record_stride, Hk, cfg.G, cfg.D,
+        s->errors, record_tiles_out);
+  }
+  return CheckLaunch("AppendFlushCommitKernel");
 }
 
 }  // namespace gpu

@@ -222,6 +222,9 @@ struct SlotAppendArgs {
   const int32_t* tail_slots;
   const int32_t* seq_lens;
   const int32_t* record_tiles;
+  // The staging of kvarn_paged_append_flush_tail_run when set: token t's rows go to
+  // staging[which][t][h] (fp16 [2][max_tokens][Hk][D]) whatever its position.
+  uint16_t* staging;
 };
 
 // The sequence owning token t, or -1 (past the last range, or the ranges are not sorted there).
@@ -253,6 +256,7 @@ __device__ __forceinline__ bool SequenceSkipped(const SlotAppendArgs& a, int b) 
 __device__ __forceinline__ int64_t DestinationOf(const SlotAppendArgs& a, int b, int32_t t,
                                                  DeviceErrorKind* what, int32_t* detail) {
   *what = kErrNone;
+  if (a.staging != nullptr) return t;
   if (a.tail_states == nullptr) {
     const int64_t slot = SlotAt(a, t);
     if (slot < -1 || slot >= a.num_slots) {
@@ -281,6 +285,9 @@ __device__ __forceinline__ int64_t DestinationOf(const SlotAppendArgs& a, int b,
 // The fp16 row of head h, K or V, at destination `dest` (DestinationOf, valid).
 __device__ __forceinline__ uint16_t* DestinationRow(const SlotAppendArgs& a, int64_t dest, int h,
                                                     int which, int D) {
+  if (a.staging != nullptr) {
+    return a.staging + ((static_cast<size_t>(which) * a.max_tokens + static_cast<size_t>(dest)) * a.hk + h) * D;
+  }
   if (a.tail_states == nullptr) {
     const size_t page = static_cast<size_t>(dest / a.G), pos = static_cast<size_t>(dest % a.G);
     return (which ? a.pages[1] : a.pages[0]) + page * a.hk * a.G * D +
@@ -424,10 +431,13 @@ Status PagedAppendRun(Context* ctx, const Config& cfg, const PagedKV& kv, const 
   return LaunchSlotAppend(ctx, cfg, kv, launch, a, max_tokens);
 }
 
-Status PagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
-                          const LaunchArgs& launch, const int32_t* token_indptr, size_t max_tokens,
-                          kvarn_dtype_t dtype, const void* k, const void* v) {
-  CudaState* s = State(ctx);
+namespace {
+
+// The arguments of an append into the tail slots (or, with `staging`, into the workspace).
+SlotAppendArgs TailAppendArgs(Context* ctx, const Config& cfg, const PagedKV& kv,
+                              const LaunchArgs& launch, const int32_t* token_indptr,
+                              size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                              const void* v) {
   SlotAppendArgs a{};
   a.src[0] = k;
   a.src[1] = v;
@@ -445,7 +455,7 @@ Status PagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
   a.max_tokens = static_cast<int32_t>(max_tokens);
   a.indptr = token_indptr;
   a.seq_status = launch.seq_status;
-  a.errors = s->errors;
+  a.errors = State(ctx)->errors;
   a.tail_states = kv.tail_states;
   a.tail_slot_elems = kv.tail_slot_elems;
   a.tail_cap = kv.tail_cap;
@@ -453,6 +463,25 @@ Status PagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
   a.tail_slots = kv.tail_slots;
   a.seq_lens = kv.seq_lens;
   a.record_tiles = kv.record_tiles;
+  return a;
+}
+
+}  // namespace
+
+Status PagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
+                          const LaunchArgs& launch, const int32_t* token_indptr, size_t max_tokens,
+                          kvarn_dtype_t dtype, const void* k, const void* v) {
+  const SlotAppendArgs a =
+      TailAppendArgs(ctx, cfg, kv, launch, token_indptr, max_tokens, dtype, k, v);
+  return LaunchSlotAppend(ctx, cfg, kv, launch, a, max_tokens);
+}
+
+Status StageTailAppendRows(Context* ctx, const Config& cfg, const PagedKV& kv,
+                           const LaunchArgs& launch, const int32_t* token_indptr,
+                           size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v,
+                           uint16_t* staging) {
+  SlotAppendArgs a = TailAppendArgs(ctx, cfg, kv, launch, token_indptr, max_tokens, dtype, k, v);
+  a.staging = staging;
   return LaunchSlotAppend(ctx, cfg, kv, launch, a, max_tokens);
 }
 

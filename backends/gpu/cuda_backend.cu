@@ -485,6 +485,28 @@ Status PagedFlushTailRunOnDevice(Context* ctx, const Config& cfg, const PagedKV&
   return PagedFlushTailRun(ctx, cfg, kv, launch, committed, record_tiles_out);
 }
 
+Status PagedAppendFlushTailRunOnDevice(Context* ctx, const Config& cfg, const PagedKV& kv,
+                                       const LaunchArgs& launch, const int32_t* token_indptr,
+                                       size_t max_tokens, kvarn_dtype_t dtype, const void* k,
+                                       const void* v, const int32_t* committed,
+                                       int32_t* record_tiles_out) {
+  CudaState* s = State(ctx);
+  DeviceGuard guard(s->device);
+  KVARN_RETURN_IF_ERROR(CheckHeadDimBuilt(ctx, cfg.D));
+  KVARN_RETURN_IF_ERROR(CheckPagedKV(s, kv));
+  KVARN_RETURN_IF_ERROR(CheckTailAligned(kv));
+  KVARN_RETURN_IF_ERROR(CheckPointers(s, {{token_indptr, "token_indptr"},
+                                          {k, "k"},
+                                          {v, "v"},
+                                          {committed, "committed"},
+                                          {record_tiles_out, "record_tiles_out"},
+                                          {launch.seq_status, "seq_status"},
+                                          {launch.workspace, "workspace"}}));
+  StreamScope scope(s, launch.stream);
+  return PagedAppendFlushTailRun(ctx, cfg, kv, launch, token_indptr, max_tokens, dtype, k, v,
+                                 committed, record_tiles_out);
+}
+
 }  // namespace
 
 #if KVARN_GPU_HIP
@@ -525,7 +547,7 @@ const BackendOps KVARN_GPU_BACKEND_TABLE = {
     PagedAttentionRunOnDevice,
     PagedAppendTailRunOnDevice,
     PagedFlushTailRunOnDevice,
-    nullptr,  // paged_append_flush_tail_run: CPU only so far
+    PagedAppendFlushTailRunOnDevice,
     ErrorWord,
 };
 #endif

@@ -33,11 +33,13 @@ grep -h "^\[ kernels" "$OUT/tail.log" | head -8
 run tail_generic env KVARN_CUDA_ATTENTION=generic $TS
 run tail_cpu $T/kvarn_test_tail_state
 run_t tail_memcheck compute-sanitizer --tool memcheck --error-exitcode 1 $TS \
-  --gtest_filter='*Faults*:*k4v2_g64_D128*:*k2v2_g64_D512*:*s40*'
+  --gtest_filter='*Faults*:*k4v2_g64_D128*:*k2v2_g64_D512*:*s40*:*k4v4_g64_D64*_af'
 run_t tail_racecheck compute-sanitizer --tool racecheck --error-exitcode 1 $TS \
-  --gtest_filter='*Faults*:*k4v4_g128_D64*'
+  --gtest_filter='*Faults*:*k4v4_g128_D64*:*k4v2_g128_D128_Hk4*_af'
 run_t tail_synccheck compute-sanitizer --tool synccheck --error-exitcode 1 $TS \
   --gtest_filter='*Faults*:*k8v8*'
+echo "---- tail: $(($(date +%s) - t0)) s, rc=$rc ----"
+[[ ${1:-} == tail ]] && exit $rc
 echo "---- tail: $(($(date +%s) - t0)) s, rc=$rc ----"
 A=$T/kvarn_test_cuda_attention
 run attention $A --gtest_filter='*family_d64_k4v2*:*family_d128_k4v2*:*family_d256*k4v4*:*family_d512_k2v2*:*long128k_hk8*:*k4v2_g128_decode*:*extend_fp16io*'
