@@ -40,7 +40,6 @@ run_t tail_synccheck compute-sanitizer --tool synccheck --error-exitcode 1 $TS \
   --gtest_filter='*Faults*:*k8v8*'
 echo "---- tail: $(($(date +%s) - t0)) s, rc=$rc ----"
 [[ ${1:-} == tail ]] && exit $rc
-echo "---- tail: $(($(date +%s) - t0)) s, rc=$rc ----"
 A=$T/kvarn_test_cuda_attention
 run attention $A --gtest_filter='*family_d64_k4v2*:*family_d128_k4v2*:*family_d256*k4v4*:*family_d512_k2v2*:*long128k_hk8*:*k4v2_g128_decode*:*extend_fp16io*'
 run variants $A --gtest_filter='*CudaAttentionVariant*'
