@@ -298,11 +298,15 @@ def test_cuda_graph_replay_equals_eager(rng, index):
             meta["status"].zero_()
 
 
-@pytest.mark.parametrize("row_bits", [16, 8])
-def test_tail_state_ops_match_the_python_ops(ctx, rng, row_bits):
+@pytest.mark.parametrize("device,row_bits", [("cpu", 16), ("cpu", 8), ("cuda", 16)])
+def test_tail_state_ops_match_the_python_ops(ctx, rng, device, row_bits):
     """The one-pool model's ops (paged_append_flush_tail, paged_attention_tail): C++ ops, eager
     and under torch.compile(fullgraph), bit for bit the Python ops over prefill chunks of up to
-    150 tokens into decode-sized slots, then decode steps."""
+    150 tokens into decode-sized slots, then decode steps; on CPU and CUDA tensors."""
+    if device == "cuda":
+        if not _cuda_ready():
+            pytest.skip("needs torch with CUDA and the kvarn CUDA backend")
+        ctx = kvarn.Context("cuda")
     b_, hk, hq, d = 4, 2, 4, 128
     config = kvarn.Config.from_preset("k4v2_g64", d, sink_tiles=0)
     g = config.tile_tokens
@@ -310,12 +314,13 @@ def test_tail_state_ops_match_the_python_ops(ctx, rng, row_bits):
     max_blocks = max_len // g + 2
     base = kvarn.PagedKV.allocate(ctx, config, num_kv_heads=hk, num_record_blocks=b_ * max_blocks,
                                   num_pages=0, batch=b_, max_blocks_per_seq=max_blocks)
-    kvs = [kvarn.PagedKV(*(torch.from_numpy(getattr(base, n).copy()) for n in POOLS))
+    kvs = [kvarn.PagedKV(*(torch.from_numpy(getattr(base, n).copy()).to(device) for n in POOLS))
            for _ in range(3)]
     slot_bytes = kvarn.tail_state_bytes(config, hk, 1, row_bits)
-    tails = [kvarn.TailState.over(ctx, config, torch.zeros(b_ * slot_bytes, dtype=torch.uint8),
+    tails = [kvarn.TailState.over(ctx, config,
+                                  torch.zeros(b_ * slot_bytes, dtype=torch.uint8, device=device),
                                   num_kv_heads=hk, row_bits=row_bits) for _ in range(3)]
-    slots = torch.tensor([2, 0, 3, 1], dtype=torch.int32)
+    slots = torch.tensor([2, 0, 3, 1], dtype=torch.int32, device=device)
     flush = kvarn.TailFlushPlan(ctx, config, num_kv_heads=hk, batch=b_, max_tokens=b_ * chunk)
     plan = kvarn.AttentionPlan(ctx, config, batch=b_, num_kv_heads=hk,
                                max_blocks_per_seq=max_blocks, num_q_heads=hq,
@@ -342,21 +347,23 @@ def test_tail_state_ops_match_the_python_ops(ctx, rng, row_bits):
         n = n.astype(np.int32)
         indptr = torch.from_numpy(np.concatenate([[0], np.cumsum(n)]).astype(np.int32))
         tokens = int(indptr[-1])
+        indptr = indptr.to(device)
         k = torch.from_numpy((2.0 * rng.standard_normal((tokens, hk, d))).astype(np.float32))
         v = torch.from_numpy(rng.standard_normal((tokens, hk, d)).astype(np.float32))
         q = torch.from_numpy((0.3 * rng.standard_normal((b_ * chunk, hq, d))).astype(np.float32))
+        k, v, q = k.to(device), v.to(device), q.to(device)
         for b in range(b_):
             for t in range(int(lens[b]) // g, (int(lens[b]) + int(n[b]) - 1) // g + 1):
                 if table[b, t] < 0:
                     table[b, t] = free.pop()
         lens += n
-        committed = torch.from_numpy(lens.copy())
+        committed = torch.from_numpy(lens.copy()).to(device)
         outs = []
         for kv, tail, run in zip(kvs, tails, runs):
             kv.block_table.copy_(torch.from_numpy(table))
             kv.seq_lens.copy_(torch.from_numpy(lens))
-            out = torch.empty((b_ * chunk, hq, d))
-            lse = torch.empty((b_ * chunk, hq))
+            out = torch.empty((b_ * chunk, hq, d), device=device)
+            lse = torch.empty((b_ * chunk, hq), device=device)
             run(kv, tail, indptr, k, v, committed, q, out, lse)
             outs.append((out[:tokens], lse[:tokens], kv.record_tiles.clone(), kv.records.clone(),
                          tail.states.clone()))
