@@ -114,6 +114,10 @@ struct AttentionPlan {
   int decode_chunks_per_seq = 1;  // GPU: row chunks of the decode kernels (misaligned pools)
   size_t rows_total = 0;          // output rows (query tokens x query heads)
   size_t ml_bytes = 0, acc_bytes = 0, indptr_bytes = 0;
+  // GPU extend runs: entries of the work list built on the device from q_indptr (a bound on the
+  // (sequence, row chunk) items that hold rows; 0: the grid covers batch x chunks_per_seq).
+  int64_t work_items = 0;
+  size_t list_bytes = 0;
   size_t workspace = 0;
   // The kernel the plan runs (kvarn_attention_plan_kernel), and whether it reads the pools with
   // 16-byte copies (then a run over a misaligned pool is refused, never slowed down silently).

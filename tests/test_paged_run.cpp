@@ -921,6 +921,77 @@ TEST_P(PagedRun, StridedExtendMatchesTheDenseExtend) {
   EXPECT_TRUE(SameAttention(GetParam(), got, want));
 }
 
+TEST_P(PagedRun, MixedBatchUnderLoosePlanMatchesTheTightPlan) {
+  // A mixed step (decode rows and prefill chunks) under one plan sized by an engine's maxima
+  // (any sequence up to 4096 query tokens, 12 sequences) gives what a plan sized for the step
+  // gives: the GPU launches only the work items that hold rows (a work list built on the device
+  // from q_indptr), not 12 x the longest sequence's row chunks. Sequences the step leaves out
+  // (no query tokens) and rows past q_indptr[batch] are not written. A plan whose work cannot fit
+  // one grid is refused at creation.
+  KVT_SEEDED_RNG(rng, 0);
+  kvt::PagedCacheSpec spec;
+  spec.num_kv_heads = kHk;
+  spec.lens = {300, 41, 777, 64, 129, 200, 513, 90, 130, 131, 260, 70};
+  spec.flush_lag = 1;
+  spec.stride_padding = 16;  // aligned: the GPU plan takes a tensor-core kernel
+  kvt::PagedCache pc;
+  auto cpu = kvt::MakeCpuContext();
+  ASSERT_TRUE(kvt::BuildPagedCache(cpu.get(), cfg_, spec, rng, &pc));
+  // Decode rows, two chunks (70 and 64 tokens), sequences with no rows this step.
+  const std::vector<int32_t> q_indptr = {0, 1, 2, 72, 73, 73, 74, 138, 139, 140, 140, 141, 142};
+  const int64_t rows = 160;
+  kvt::DevicePagedCache dev(ctx_.get(), pc);
+  kvarn_paged_kv_t kv = dev.kv;
+  DeviceBuffer d_indptr(ctx_.get(), q_indptr);
+  const auto q = Random(rng, static_cast<size_t>(rows) * kHq * kD, 0.3);
+  DeviceBuffer dq(ctx_.get(), q);
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  std::vector<std::vector<float>> outs;
+  for (const int max_q : {70, 4096}) {
+    kvarn_attention_shape_t shape;
+    kvarn_attention_shape_defaults(&shape);
+    shape.batch = pc.batch;
+    shape.num_kv_heads = kHk;
+    shape.max_blocks_per_seq = pc.max_blocks;
+    shape.max_q_per_seq = max_q;
+    shape.max_total_q = rows;
+    kvarn_attention_plan_t* raw = nullptr;
+    KVT_ASSERT_OK(kvarn_attention_plan_create(ctx_.get(), &cfg_, &shape, &ap, &raw));
+    PlanPtr plan(raw);
+    DeviceBuffer ws(ctx_.get(), AttentionWorkspace(plan.get()));
+    DeviceBuffer out(ctx_.get(), std::vector<float>(q.size(), 7.f));
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    launch.workspace = ws.get();
+    launch.workspace_bytes = ws.bytes();
+    KVT_ASSERT_OK(kvarn_paged_attention_run(ctx_.get(), plan.get(), &kv, &launch,
+                                            static_cast<const int32_t*>(d_indptr.get()), dq.get(),
+                                            out.get(), nullptr));
+    outs.push_back(out.Download<float>());
+  }
+  const size_t used = static_cast<size_t>(q_indptr.back()) * kHq * kD;
+  for (size_t i = used; i < outs[1].size(); ++i) ASSERT_EQ(outs[1][i], 7.f) << "past q_indptr";
+  std::vector<double> got(outs[1].begin(), outs[1].begin() + used),
+      want(outs[0].begin(), outs[0].begin() + used);
+  for (double x : got) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_TRUE(SameAttention(GetParam(), got, want));
+  if (GetParam() != KVARN_BACKEND_CPU) {
+    // 4096 sequences of up to 2^20 query rows in all: more work items than a grid holds.
+    kvarn_attention_shape_t huge;
+    kvarn_attention_shape_defaults(&huge);
+    huge.batch = 4096;
+    huge.num_kv_heads = kHk;
+    huge.max_blocks_per_seq = 64;
+    huge.max_q_per_seq = 8192;
+    huge.max_total_q = int64_t{1} << 22;
+    kvarn_attention_plan_t* raw = nullptr;
+    EXPECT_TRUE(IsError(kvarn_attention_plan_create(ctx_.get(), &cfg_, &huge, &ap, &raw),
+                        KVARN_ERR_UNSUPPORTED, "65535"));
+  }
+}
+
 TEST_P(PagedRun, FinishedRequestsFlushWithoutASequence) {
   // tile_seqs[i] = -1: a flush entry of a request that has left the batch (its last tile, kept
   // for prefix caching). It is flushed whatever the status array holds (here its old slot is

@@ -70,6 +70,9 @@ struct AttnParams {
   int32_t max_q_per_seq;
   int32_t max_total_q;
   int32_t batch;
+  // The device-built work list of an extend run: entry z of the grid's z axis is the item
+  // b * chunks_per_seq + chunk, or -1 (nothing to do); NULL: z is the item itself.
+  const int32_t* work_list;
   bool bulk_ring;  // tensor-core kernel: sm_90 bulk copies feed the record ring (else cp.async)
 };
 
@@ -147,8 +150,13 @@ __device__ __forceinline__ bool ReadWorkItem(const AttnParams& P, int G, int chu
                                              WorkItem* w) {
   w->split = blockIdx.x;
   w->h = blockIdx.y;
-  w->b = blockIdx.z / P.chunks_per_seq;
-  w->chunk = blockIdx.z % P.chunks_per_seq;
+  int item = static_cast<int>(blockIdx.z);
+  if (P.work_list != nullptr) {
+    item = P.work_list[item];
+    if (item < 0) return false;
+  }
+  w->b = item / P.chunks_per_seq;
+  w->chunk = item % P.chunks_per_seq;
   const int b = w->b;
   // A sequence that faulted (in this call or an earlier one of the step) is skipped.
   if (P.seq_status != nullptr && P.seq_status[b] != 0) return false;

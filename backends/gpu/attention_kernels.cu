@@ -475,10 +475,27 @@ int ChooseExtendSplits(CudaState* st, const Config& cfg, int64_t items, int max_
                          max_tiles);
 }
 
+// The grid's z extent (work items) a launch under plan `p` may use; CUDA allows 65535.
+int64_t GridItems(const Plan& p, int batch) {
+  return p.work_items > 0
+             ? p.work_items
+             : int64_t{batch} * std::max(p.chunks_per_seq, p.decode_chunks_per_seq);
+}
+
+Status CheckGridItems(const Plan& p, int batch) {
+  const int64_t z = GridItems(p, batch);
+  if (z <= 65535) return Status::Ok();
+  return Unsupported("this attention shape needs " + std::to_string(z) +
+                     " work items per KV head and split, more than a CUDA grid's 65535; "
+                     "plan fewer query tokens (max_total_q) or sequences per call");
+}
+
 // The plan of a shape: max_q query tokens in the longest sequence (1 for decode), total_q in
-// all, extend = queries come with a q_indptr.
+// all, extend = queries come with a q_indptr. run_plan: for kvarn_paged_attention_run, which
+// refuses a pool its kernel cannot read, so only the plan's own row chunking launches (a direct
+// call over a misaligned pool falls back to the general kernel and its chunking).
 Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int max_blocks,
-             const AttentionArgs& args, bool extend, int max_q, size_t total_q) {
+             const AttentionArgs& args, bool extend, int max_q, size_t total_q, bool run_plan) {
   const int group = args.num_q_heads / num_kv_heads;
   Plan p;
   const int max_rows = max_q * group;
@@ -497,7 +514,21 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
     const int64_t span = (int64_t{args.sliding_window} + chunk_tokens - 2) / cfg.G + 2;
     max_tiles = static_cast<int>(std::min<int64_t>(max_tiles, span));
   }
-  const int64_t items = static_cast<int64_t>(batch) * num_kv_heads * p.chunks_per_seq;
+  // An extend launches the items of the work list built on the device from q_indptr: those that
+  // can hold rows, at most sum_b ceil(rows_b / chunk_rows) <= total_q * group / chunk_rows +
+  // batch (for either chunking the launch may use), not batch x the longest sequence's chunks.
+  int64_t grid_items = static_cast<int64_t>(batch) * p.chunks_per_seq;
+  if (extend) {
+    const auto bound = [&](int64_t chunks_per_seq, int chunk_rows) {
+      return std::min<int64_t>(int64_t{batch} * chunks_per_seq,
+                               static_cast<int64_t>(total_q) * group / chunk_rows + batch);
+    };
+    grid_items = bound(p.chunks_per_seq, p.extend ? kExtendCtaRows : kRows);
+    p.work_items = std::max<int64_t>(
+        1, run_plan ? grid_items : std::max(grid_items, bound(p.decode_chunks_per_seq, kRows)));
+    p.list_bytes = Align256(static_cast<size_t>(p.work_items) * sizeof(int32_t));
+  }
+  const int64_t items = grid_items * num_kv_heads;
   int splits = std::min({args.num_splits, max_tiles, 64});
   if (args.num_splits <= 0) {
     splits = p.extend ? ChooseExtendSplits(State(ctx), cfg, items, max_tiles)
@@ -510,7 +541,7 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
     p.ml_bytes = Align256(p.rows_total * p.splits * 2 * sizeof(float));
     p.acc_bytes = Align256(p.rows_total * p.splits * cfg.D * sizeof(float));
   }
-  p.workspace = p.ml_bytes + p.acc_bytes;
+  p.workspace = p.ml_bytes + p.acc_bytes + p.list_bytes;
   p.needs_aligned_pool = MmaShape(State(ctx), cfg) && !general;
   p.kernel = !p.needs_aligned_pool ? "cuda-general"
              : p.extend            ? "cuda-tensor-core-extend"
@@ -533,9 +564,10 @@ Status MakePlan(Context* ctx, const Config& cfg, const PagedKV& kv, const Attent
     }
   }
   Plan p = PlanFor(ctx, cfg, kv.batch, kv.num_kv_heads, kv.max_blocks_per_seq, args,
-                   args.q_indptr != nullptr, max_q, total_q);
+                   args.q_indptr != nullptr, max_q, total_q, false);
   if (args.q_indptr) p.indptr_bytes = Align256((kv.batch + 1) * sizeof(int32_t));
   p.workspace += p.indptr_bytes;
+  KVARN_RETURN_IF_ERROR(CheckGridItems(p, kv.batch));
   *plan = p;
   return Status::Ok();
 }
@@ -747,7 +779,42 @@ AttnParams MakeParams(CudaState* st, const Config& cfg, const PagedKV& kv,
     P.part_ml = reinterpret_cast<float*>(ws);
     P.part_acc = reinterpret_cast<float*>(ws + plan.ml_bytes);
   }
+  if (plan.list_bytes > 0) {  // after the partials and the q_indptr copy
+    P.work_list =
+        reinterpret_cast<const int32_t*>(ws + plan.ml_bytes + plan.acc_bytes + plan.indptr_bytes);
+  }
   return P;
+}
+
+// The work list of an extend (one CTA of kListThreads): sequence b gets items b * chunks_per_seq
+// + [0, ceil(q rows / chunk_rows)), at least chunk 0 (whose CTA reports a bad q_indptr range)
+// and at most chunks_per_seq; a sequence already faulted (seq_status) gets none. Entries past
+// the last item are -1. Items past n_items (only a q_indptr inconsistent with the plan's bounds,
+// which chunk 0 of a sequence reports) are left out.
+constexpr int kListThreads = 1024;
+
+__global__ void __launch_bounds__(kListThreads)
+    BuildWorkListKernel(const AttnParams P, int chunk_rows, int32_t n_items, int32_t* list) {
+  __shared__ int32_t scan[kListThreads];
+  int32_t carry = 0;
+  for (int b0 = 0; b0 < P.batch; b0 += kListThreads) {
+    const int b = b0 + static_cast<int>(threadIdx.x);
+    int32_t mine = 0;
+    if (b < P.batch && (P.seq_status == nullptr || P.seq_status[b] == 0)) {
+      const int64_t rows = (int64_t{P.q_indptr[b + 1]} - P.q_indptr[b]) * P.group;
+      mine = static_cast<int32_t>(
+          max(int64_t{1}, min((rows + chunk_rows - 1) / chunk_rows, int64_t{P.chunks_per_seq})));
+    }
+    int32_t total = 0;
+    const int32_t first = carry + CtaExclusiveScan(mine, scan, &total);
+    for (int32_t c = 0; c < mine && first + c < n_items; ++c) {
+      list[first + c] = b * P.chunks_per_seq + c;
+    }
+    carry = min(carry + total, n_items);
+  }
+  for (int32_t i = carry + static_cast<int32_t>(threadIdx.x); i < n_items; i += kListThreads) {
+    list[i] = -1;
+  }
 }
 
 // Launches the attention kernel the plan and the pool's alignment choose, then the merge.
@@ -760,7 +827,15 @@ Status LaunchAttention(CudaState* st, const Config& cfg, const PagedKV& kv, cons
   // over a misaligned pool falls back to the general kernel; a run is refused earlier).
   const bool mma = plan.needs_aligned_pool && PoolsAligned16(kv);
   P.chunks_per_seq = plan.extend && mma ? plan.chunks_per_seq : plan.decode_chunks_per_seq;
-  const dim3 grid(plan.splits, kv.num_kv_heads, kv.batch * P.chunks_per_seq);
+  int64_t items = int64_t{kv.batch} * P.chunks_per_seq;
+  if (P.work_list != nullptr) {
+    items = plan.work_items;
+    BuildWorkListKernel<<<1, kListThreads, 0, st->stream>>>(
+        P, plan.extend && mma ? kExtendCtaRows : kRows, static_cast<int32_t>(items),
+        const_cast<int32_t*>(P.work_list));
+    KVARN_RETURN_IF_ERROR(CheckLaunch("BuildWorkListKernel"));
+  }
+  const dim3 grid(plan.splits, kv.num_kv_heads, static_cast<unsigned>(items));
   if (plan.extend && mma) {
     KVARN_RETURN_IF_ERROR(cfg.G == 128 ? LaunchExtend<128>(st, P, grid)
                                        : LaunchExtend<64>(st, P, grid));
@@ -824,8 +899,8 @@ Status AttentionPlanFor(Context* ctx, const Config& cfg, const AttentionShape& s
                         const AttentionArgs& args, AttentionPlan* plan) {
   const bool extend = !shape.decode();
   *plan = PlanFor(ctx, cfg, shape.batch, shape.num_kv_heads, shape.max_blocks_per_seq, args, extend,
-                  extend ? shape.max_q_per_seq : 1, static_cast<size_t>(shape.max_total_q));
-  return Status::Ok();
+                  extend ? shape.max_q_per_seq : 1, static_cast<size_t>(shape.max_total_q), true);
+  return CheckGridItems(*plan, shape.batch);
 }
 
 Status PagedAttentionRun(Context* ctx, const Config& cfg, const PagedKV& kv,

@@ -948,17 +948,10 @@ __global__ void __launch_bounds__(kPlanThreads)
   for (int b0 = 0; b0 < af.batch; b0 += kPlanThreads) {
     const int b = b0 + static_cast<int>(threadIdx.x);
     const int32_t mine = b < af.batch ? AppendFlushTileCount(f, af, errors, G, b) : 0;
-    scan[threadIdx.x] = mine;
-    __syncthreads();
-    for (int d = 1; d < kPlanThreads; d *= 2) {  // inclusive scan (Hillis-Steele)
-      const int32_t add = threadIdx.x >= static_cast<unsigned>(d) ? scan[threadIdx.x - d] : 0;
-      __syncthreads();
-      scan[threadIdx.x] += add;
-      __syncthreads();
-    }
-    if (b < af.batch) first[b] = carry + scan[threadIdx.x] - mine;
-    carry += scan[kPlanThreads - 1];
-    __syncthreads();  // scan[] is rewritten next round
+    int32_t total = 0;
+    const int32_t before = CtaExclusiveScan(mine, scan, &total);
+    if (b < af.batch) first[b] = carry + before;
+    carry += total;
   }
   if (threadIdx.x == 0) first[af.batch] = carry;
 }

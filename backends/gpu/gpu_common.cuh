@@ -159,6 +159,24 @@ Status CheckIndptr(CudaState* s, const int32_t* indptr, int batch, int64_t limit
 
 inline unsigned CeilDivU(size_t a, size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
+// Exclusive prefix sum of `mine` over the CTA's threads (every thread calls it; scratch: blockDim.x
+// ints of shared memory): the sum over the threads before this one; *total, over all of them.
+__device__ inline int32_t CtaExclusiveScan(int32_t mine, int32_t* scratch, int32_t* total) {
+  const unsigned t = threadIdx.x;
+  scratch[t] = mine;
+  __syncthreads();
+  for (unsigned d = 1; d < blockDim.x; d *= 2) {  // inclusive scan (Hillis-Steele)
+    const int32_t add = t >= d ? scratch[t - d] : 0;
+    __syncthreads();
+    scratch[t] += add;
+    __syncthreads();
+  }
+  const int32_t before = scratch[t] - mine;
+  *total = scratch[blockDim.x - 1];
+  __syncthreads();  // scratch may be reused at once
+  return before;
+}
+
 }  // namespace gpu
 }  // namespace kvarn
 
