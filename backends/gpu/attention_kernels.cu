@@ -415,6 +415,13 @@ bool ForcedGeneric() {
   return forced;
 }
 
+// KVARN_CUDA_WORK_LIST=off: extend grids cover batch x chunks_per_seq as before the device-built
+// work list (for before/after comparisons).
+bool WorkListOff() {
+  static const bool off = EnvEquals("KVARN_CUDA_WORK_LIST", "off");
+  return off;
+}
+
 int MmaCtasPerSm(CudaState* st, const Config& cfg);
 int MmaRecordsPerIteration(const Config& cfg);  // records a tensor-core CTA consumes at once
 int ExtendCtasPerSm(CudaState* st, int G);
@@ -518,7 +525,7 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
   // can hold rows, at most sum_b ceil(rows_b / chunk_rows) <= total_q * group / chunk_rows +
   // batch (for either chunking the launch may use), not batch x the longest sequence's chunks.
   int64_t grid_items = static_cast<int64_t>(batch) * p.chunks_per_seq;
-  if (extend) {
+  if (extend && !WorkListOff()) {
     const auto bound = [&](int64_t chunks_per_seq, int chunk_rows) {
       return std::min<int64_t>(int64_t{batch} * chunks_per_seq,
                                static_cast<int64_t>(total_q) * group / chunk_rows + batch);

@@ -80,6 +80,56 @@ struct Shape {
   int nq = 1;  // query tokens per sequence (1 = decode; more = extend, causal at the end)
 };
 
+// Median ms per call of `call` (after 3 warm-up calls), on the default stream.
+double TimeCalls(kvarn_context_t* ctx, const std::function<void()>& call, int iters) {
+  for (int i = 0; i < 3; ++i) call();
+  CHECK_KV(kvarn_context_synchronize(ctx));
+  cudaEvent_t ev0, ev1;
+  CHECK_CUDA(cudaEventCreate(&ev0));
+  CHECK_CUDA(cudaEventCreate(&ev1));
+  std::vector<float> ms;
+  for (int rep = 0; rep < 5; ++rep) {
+    CHECK_CUDA(cudaEventRecord(ev0));
+    for (int i = 0; i < iters; ++i) call();
+    CHECK_CUDA(cudaEventRecord(ev1));
+    CHECK_CUDA(cudaEventSynchronize(ev1));
+    float t;
+    CHECK_CUDA(cudaEventElapsedTime(&t, ev0, ev1));
+    ms.push_back(t / iters);
+  }
+  CHECK_CUDA(cudaEventDestroy(ev0));
+  CHECK_CUDA(cudaEventDestroy(ev1));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+// A run call under a plan of `shape` (its workspace allocated here); returns the plan's kernel.
+struct RunCall {
+  kvarn_context_t* ctx;
+  kvarn_attention_plan_t* plan = nullptr;
+  void* ws = nullptr;
+  size_t ws_bytes = 0;
+  RunCall(kvarn_context_t* c, const kvarn_config_t& cfg, const kvarn_attention_shape_t& shape,
+          const kvarn_attention_params_t& p)
+      : ctx(c) {
+    CHECK_KV(kvarn_attention_plan_create(ctx, &cfg, &shape, &p, &plan));
+    CHECK_KV(kvarn_attention_plan_workspace_size(plan, &ws_bytes));
+    if (ws_bytes) CHECK_KV(kvarn_memory_alloc(ctx, ws_bytes, &ws));
+  }
+  ~RunCall() {
+    kvarn_attention_plan_destroy(plan);
+    if (ws) kvarn_memory_free(ctx, ws);
+  }
+  void operator()(const kvarn_paged_kv_t& kv, const int32_t* q_indptr, const void* q,
+                  void* out) const {
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    launch.workspace = ws;
+    launch.workspace_bytes = ws_bytes;
+    CHECK_KV(kvarn_paged_attention_run(ctx, plan, &kv, &launch, q_indptr, q, out, nullptr));
+  }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -89,6 +139,10 @@ int main(int argc, char** argv) {
   const char* preset = "k4v2_g128";
   int D = 128, Hq = 32, Hk = 8;
   bool decode_grid = false, read_bw_wanted = true, graph = false;
+  // --mixed: one engine step of 32 decode rows and 2 prefill chunks of 512 tokens over 8k-token
+  // sequences: one run call under a plan sized by engine maxima (8192 query tokens per sequence
+  // and per step), under a plan sized for the step, and as separate decode and extend calls.
+  bool mixed = false;
   int window = 0;
   bool with_sinks = false;
   float softcap = 0.f;
@@ -98,6 +152,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--decode-grid")) decode_grid = true;
     if (!std::strcmp(argv[i], "--no-read-bw")) read_bw_wanted = false;
     if (!std::strcmp(argv[i], "--graph")) graph = true;
+    if (!std::strcmp(argv[i], "--mixed")) mixed = true;
     if (!std::strcmp(argv[i], "--preset") && i + 1 < argc) preset = argv[++i];
     if (!std::strcmp(argv[i], "--head-dim") && i + 1 < argc) D = std::atoi(argv[++i]);
     if (!std::strcmp(argv[i], "--heads") && i + 2 < argc) {
@@ -163,6 +218,7 @@ int main(int argc, char** argv) {
     }
   }
   if (only_batch > 0) shapes = {{only_batch, only_ctx, only_nq}};
+  if (mixed) shapes = {{34, 8192, 512}};
   FILE* csv = csv_path ? std::fopen(csv_path, "w") : nullptr;
   if (csv) {
     std::fprintf(csv, "preset,D,hq,hk,batch,ctx,nq,ms,bytes,tbps,peak_frac,read_frac,kernel\n");
@@ -207,9 +263,12 @@ int main(int argc, char** argv) {
                                KVARN_COPY_HOST_TO_DEVICE));
     CHECK_KV(kvarn_memory_copy(ctx, lens, h_lens.data(), s.batch * 4, KVARN_COPY_HOST_TO_DEVICE));
     CHECK_KV(kvarn_memory_copy(ctx, rt, h_rt.data(), s.batch * 4, KVARN_COPY_HOST_TO_DEVICE));
-    const size_t total_q = size_t(s.batch) * s.nq;
     std::vector<int32_t> q_indptr(s.batch + 1);
     for (int b = 0; b <= s.batch; ++b) q_indptr[b] = b * s.nq;
+    if (mixed) {  // sequences 0..31 decode, the last two prefill s.nq tokens
+      for (int b = 0; b <= s.batch; ++b) q_indptr[b] = std::min(b, 32) + std::max(0, b - 32) * s.nq;
+    }
+    const size_t total_q = static_cast<size_t>(q_indptr[s.batch]);
     std::vector<uint16_t> hq(total_q * Hq * D, 0x3c00);  // 1.0
     for (size_t i = 0; i < hq.size(); ++i)
       hq[i] = static_cast<uint16_t>(0x3000 + (i * 7919) % 0x0c00);
@@ -241,6 +300,62 @@ int main(int argc, char** argv) {
     p.q_dtype = KVARN_DTYPE_F16;
     p.out_dtype = KVARN_DTYPE_F16;
     p.q_indptr = s.nq > 1 ? q_indptr.data() : nullptr;
+    if (mixed) {
+      void* d_indptr = nullptr;
+      CHECK_KV(kvarn_memory_alloc(ctx, q_indptr.size() * 4, &d_indptr));
+      CHECK_KV(kvarn_memory_copy(ctx, d_indptr, q_indptr.data(), q_indptr.size() * 4,
+                                 KVARN_COPY_HOST_TO_DEVICE));
+      const std::vector<int32_t> chunk_indptr = {0, s.nq, 2 * s.nq};
+      void* d_chunk_indptr = nullptr;
+      CHECK_KV(kvarn_memory_alloc(ctx, 12, &d_chunk_indptr));
+      CHECK_KV(kvarn_memory_copy(ctx, d_chunk_indptr, chunk_indptr.data(), 12,
+                                 KVARN_COPY_HOST_TO_DEVICE));
+      kvarn_attention_params_t rp = p;
+      rp.q_indptr = nullptr;
+      kvarn_attention_shape_t shape;
+      kvarn_attention_shape_defaults(&shape);
+      shape.batch = s.batch;
+      shape.num_kv_heads = Hk;
+      shape.max_blocks_per_seq = tiles;
+      kvarn_attention_shape_t loose = shape, tight = shape, dec = shape, ext = shape;
+      loose.max_q_per_seq = 8192;
+      loose.max_total_q = 8192;
+      tight.max_q_per_seq = s.nq;
+      tight.max_total_q = static_cast<int64_t>(total_q);
+      dec.batch = 32;
+      ext.batch = 2;
+      ext.max_q_per_seq = s.nq;
+      ext.max_total_q = 2 * s.nq;
+      const RunCall loose_call(ctx, cfg, loose, rp), tight_call(ctx, cfg, tight, rp),
+          dec_call(ctx, cfg, dec, rp), ext_call(ctx, cfg, ext, rp);
+      // The two chunks' view: the last two sequences' table rows, lengths, queries and outputs.
+      kvarn_paged_kv_t kv_dec = kv, kv_ext = kv;
+      kv_dec.batch = 32;
+      kv_ext.batch = 2;
+      kv_ext.block_table = static_cast<const int32_t*>(table) + size_t(32) * tiles;
+      kv_ext.seq_lens = static_cast<const int32_t*>(lens) + 32;
+      kv_ext.record_tiles = static_cast<const int32_t*>(rt) + 32;
+      const size_t row = size_t(Hq) * D * 2;  // bytes of one query token
+      const auto ip = static_cast<const int32_t*>(d_indptr);
+      const double t_loose = TimeCalls(ctx, [&] { loose_call(kv, ip, q, out); }, 50);
+      const double t_tight = TimeCalls(ctx, [&] { tight_call(kv, ip, q, out); }, 50);
+      const double t_sep = TimeCalls(
+          ctx,
+          [&] {
+            dec_call(kv_dec, nullptr, q, out);
+            ext_call(kv_ext, static_cast<const int32_t*>(d_chunk_indptr),
+                     static_cast<const char*>(q) + 32 * row, static_cast<char*>(out) + 32 * row);
+          },
+          50);
+      std::printf("mixed step (32 decode rows + 2 x %d-token chunks, %d-token sequences, %s):\n",
+                  s.nq, s.ctx, preset);
+      std::printf("  one call, plan sized by maxima (8192/seq, 8192/step): %.4f ms\n", t_loose);
+      std::printf("  one call, plan sized for the step:                    %.4f ms\n", t_tight);
+      std::printf("  decode call + extend call:                            %.4f ms\n", t_sep);
+      for (void* ptr : {d_indptr, d_chunk_indptr}) kvarn_memory_free(ctx, ptr);
+      for (void* ptr : {records, kp, vp, table, lens, rt, q, out}) kvarn_memory_free(ctx, ptr);
+      continue;
+    }
     size_t ws_bytes = 0;
     CHECK_KV(kvarn_paged_attention_workspace_size(ctx, &cfg, &kv, &p, total_q, &ws_bytes));
     const std::string kernel = kvarn_bench::PlannedKernel(ctx, cfg, kv, p, s.nq);
