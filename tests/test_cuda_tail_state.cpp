@@ -405,10 +405,9 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
             static_cast<const int32_t*>(Side::Ptr(m.committed)),
             static_cast<int32_t*>(Side::Ptr(m.rtiles))));
       } else {
-        KVT_ASSERT_OK(
-            kvarn_paged_flush_tail_run(s.ctx, &cfg, &kv, &tail, &launch,
-                                       static_cast<const int32_t*>(Side::Ptr(m.committed)),
-                                       static_cast<int32_t*>(Side::Ptr(m.rtiles))));
+        KVT_ASSERT_OK(kvarn_paged_flush_tail_run(
+            s.ctx, &cfg, &kv, &tail, &launch, static_cast<const int32_t*>(Side::Ptr(m.committed)),
+            static_cast<int32_t*>(Side::Ptr(m.rtiles))));
       }
       rts.push_back(Side::Get<int32_t>(m.rtiles));
       EXPECT_EQ(Side::Get<int32_t>(m.status), std::vector<int32_t>(c.batch, 0));

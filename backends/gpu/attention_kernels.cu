@@ -484,9 +484,8 @@ int ChooseExtendSplits(CudaState* st, const Config& cfg, int64_t items, int max_
 
 // The grid's z extent (work items) a launch under plan `p` may use; CUDA allows 65535.
 int64_t GridItems(const Plan& p, int batch) {
-  return p.work_items > 0
-             ? p.work_items
-             : int64_t{batch} * std::max(p.chunks_per_seq, p.decode_chunks_per_seq);
+  return p.work_items > 0 ? p.work_items
+                          : int64_t{batch} * std::max(p.chunks_per_seq, p.decode_chunks_per_seq);
 }
 
 Status CheckGridItems(const Plan& p, int batch) {

@@ -175,8 +175,8 @@ struct TileJob {
   size_t rb;
   RecordOffsets ro;
   DeviceErrorWords* errors;
-  FlushList list;  // kvarn_paged_flush_run: the device list (list.count NULL otherwise)
-  TailFlush tail;  // kvarn_paged_flush_tail_run (tail.states NULL otherwise)
+  FlushList list;       // kvarn_paged_flush_run: the device list (list.count NULL otherwise)
+  TailFlush tail;       // kvarn_paged_flush_tail_run (tail.states NULL otherwise)
   AppendFlushTiles af;  // kvarn_paged_append_flush_tail_run (af.first NULL otherwise; tail set)
 };
 
@@ -313,8 +313,8 @@ __global__ void KVARN_LAUNCH_BOUNDS2((TileShape<D, G>::kThreads), (TileShape<D, 
     if (n_src < G) {
       const int64_t t = af.indptr[b] + (tile * G + n_src - n_old);  // the first input row's token
       in_stride = static_cast<size_t>(job.hk) * D;
-      in_rows = af.rows + (static_cast<size_t>(which) * af.max_tokens + static_cast<size_t>(t)) *
-                              in_stride +
+      in_rows = af.rows +
+                (static_cast<size_t>(which) * af.max_tokens + static_cast<size_t>(t)) * in_stride +
                 static_cast<size_t>(h) * D;
     }
   } else if (job.tail.states != nullptr) {
@@ -897,7 +897,7 @@ __global__ void __launch_bounds__(256)
 constexpr int kPlanThreads = 1024;
 
 __device__ int AppendFlushTileCount(const TailFlush& f, const AppendFlushTiles& af,
-                                 DeviceErrorWords* errors, int G, int b) {
+                                    DeviceErrorWords* errors, int G, int b) {
   if (f.seq_status != nullptr && *static_cast<const volatile int32_t*>(&f.seq_status[b]) != 0) {
     return 0;
   }
@@ -963,8 +963,8 @@ __global__ void __launch_bounds__(kPlanThreads)
 template <int kVec>
 __global__ void __launch_bounds__(256)
     AppendFlushCommitKernel(const TailFlush f, const AppendFlushTiles af, const uint8_t* staged,
-                            size_t rb, uint8_t* records, size_t record_stride, int hk, int G,
-                            int D, const DeviceErrorWords* errors, int32_t* record_tiles_out) {
+                            size_t rb, uint8_t* records, size_t record_stride, int hk, int G, int D,
+                            const DeviceErrorWords* errors, int32_t* record_tiles_out) {
   if (*static_cast<const volatile int32_t*>(&errors->launch_flag) != 0) return;
   const int b = blockIdx.x;
   const int32_t rt = f.record_tiles[b];
@@ -977,8 +977,7 @@ __global__ void __launch_bounds__(256)
       const size_t block =
           static_cast<size_t>(f.block_table[static_cast<size_t>(b) * f.max_blocks + rt + j]);
       for (int h = 0; h < hk; ++h) {
-        const uint8_t* s =
-            staged + ((static_cast<size_t>(af.first[b]) + j) * hk + h) * rb;
+        const uint8_t* s = staged + ((static_cast<size_t>(af.first[b]) + j) * hk + h) * rb;
         uint8_t* d = records + (block * hk + h) * record_stride;
         if (kVec == 16) {
           for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x) {
@@ -990,10 +989,10 @@ __global__ void __launch_bounds__(256)
       }
     }
     const int row_vecs = D / 8;
-    uint4* slot = n > new_rt * G ? reinterpret_cast<uint4*>(const_cast<uint16_t*>(f.states) +
-                                                           static_cast<size_t>(f.slots[b]) *
-                                                               f.slot_elems)
-                                 : nullptr;
+    uint4* slot = n > new_rt * G
+                      ? reinterpret_cast<uint4*>(const_cast<uint16_t*>(f.states) +
+                                                 static_cast<size_t>(f.slots[b]) * f.slot_elems)
+                      : nullptr;
     // The slot's rows that stay move down by the flushed tiles, in chunks of `shift` rows:
     // chunk k writes the rows chunk k - 1 read (done, after the barrier) and reads none that
     // chunk k writes.
@@ -1115,16 +1114,16 @@ Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
 // tiles (items past the plan's total return at once), then the commit kernel per sequence.
 Status PagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                                const LaunchArgs& launch, const int32_t* token_indptr,
-                               size_t max_tokens, kvarn_dtype_t dtype, const void* k,
-                               const void* v, const int32_t* committed,
-                               int32_t* record_tiles_out) {
+                               size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v,
+                               const int32_t* committed, int32_t* record_tiles_out) {
   if (reinterpret_cast<uintptr_t>(launch.workspace) % 256 != 0) {
     return InvalidArgument("launch->workspace must be 256-byte aligned on a CUDA context");
   }
   if (!TileFitsSharedMemory(ctx, cfg)) {
-    return Unsupported("kvarn_paged_append_flush_tail_run needs a D x G tile in shared memory, "
-                       "more than this device offers; use kvarn_paged_append_tail_run and "
-                       "kvarn_paged_flush_tail_run with slots sized for a step");
+    return Unsupported(
+        "kvarn_paged_append_flush_tail_run needs a D x G tile in shared memory, "
+        "more than this device offers; use kvarn_paged_append_tail_run and "
+        "kvarn_paged_flush_tail_run with slots sized for a step");
   }
   const int Hk = kv.num_kv_heads;
   const AppendFlushWorkspace w =
@@ -1139,26 +1138,26 @@ Status PagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& k
   af.max_tokens = static_cast<int32_t>(max_tokens);
   af.batch = kv.batch;
   if (max_tokens > 0) {
-    KVARN_RETURN_IF_ERROR(StageTailAppendRows(ctx, cfg, kv, launch, token_indptr, max_tokens,
-                                              dtype, k, v, reinterpret_cast<uint16_t*>(ws + w.rows)));
+    KVARN_RETURN_IF_ERROR(StageTailAppendRows(ctx, cfg, kv, launch, token_indptr, max_tokens, dtype,
+                                              k, v, reinterpret_cast<uint16_t*>(ws + w.rows)));
   }
   TileJob job = TailTileJob(cfg, Hk, launch, s->errors);
   job.tail = TailFlushOf(kv, launch, committed, kv.tail_cap / cfg.G);
   job.af = af;
-  AppendFlushPlanKernel<<<1, kPlanThreads, 0, s->stream>>>(job.tail, af, cfg.G, s->errors,
-                                                           reinterpret_cast<int32_t*>(ws + w.first));
+  AppendFlushPlanKernel<<<1, kPlanThreads, 0, s->stream>>>(
+      job.tail, af, cfg.G, s->errors, reinterpret_cast<int32_t*>(ws + w.first));
   KVARN_RETURN_IF_ERROR(CheckLaunch("AppendFlushPlanKernel"));
   KVARN_RETURN_IF_ERROR(LaunchTiles(ctx, cfg, job, w.max_tiles * Hk));
   const bool vec = Aligned16(kv.records) && kv.record_stride % 16 == 0 && job.rb % 16 == 0;
   const unsigned grid = static_cast<unsigned>(kv.batch);
   if (vec) {
     AppendFlushCommitKernel<16><<<grid, 256, 0, s->stream>>>(
-        job.tail, af, job.staged, job.rb, kv.records, kv.record_stride, Hk, cfg.G, cfg.D,
-        s->errors, record_tiles_out);
+        job.tail, af, job.staged, job.rb, kv.records, kv.record_stride, Hk, cfg.G, cfg.D, s->errors,
+        record_tiles_out);
   } else {
-    AppendFlushCommitKernel<1><<<grid, 256, 0, s->stream>>>(
-        job.tail, af, job.staged, job.rb, kv.records, kv.record_stride, Hk, cfg.G, cfg.D,
-        s->errors, record_tiles_out);
+    AppendFlushCommitKernel<1><<<grid, 256, 0, s->stream>>>(job.tail, af, job.staged, job.rb,
+                                                            kv.records, kv.record_stride, Hk, cfg.G,
+                                                            cfg.D, s->errors, record_tiles_out);
   }
   return CheckLaunch("AppendFlushCommitKernel");
 }

@@ -286,7 +286,8 @@ __device__ __forceinline__ int64_t DestinationOf(const SlotAppendArgs& a, int b,
 __device__ __forceinline__ uint16_t* DestinationRow(const SlotAppendArgs& a, int64_t dest, int h,
                                                     int which, int D) {
   if (a.staging != nullptr) {
-    return a.staging + ((static_cast<size_t>(which) * a.max_tokens + static_cast<size_t>(dest)) * a.hk + h) * D;
+    return a.staging +
+           ((static_cast<size_t>(which) * a.max_tokens + static_cast<size_t>(dest)) * a.hk + h) * D;
   }
   if (a.tail_states == nullptr) {
     const size_t page = static_cast<size_t>(dest / a.G), pos = static_cast<size_t>(dest % a.G);
@@ -477,9 +478,8 @@ Status PagedAppendTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
 }
 
 Status StageTailAppendRows(Context* ctx, const Config& cfg, const PagedKV& kv,
-                           const LaunchArgs& launch, const int32_t* token_indptr,
-                           size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v,
-                           uint16_t* staging) {
+                           const LaunchArgs& launch, const int32_t* token_indptr, size_t max_tokens,
+                           kvarn_dtype_t dtype, const void* k, const void* v, uint16_t* staging) {
   SlotAppendArgs a = TailAppendArgs(ctx, cfg, kv, launch, token_indptr, max_tokens, dtype, k, v);
   a.staging = staging;
   return LaunchSlotAppend(ctx, cfg, kv, launch, a, max_tokens);

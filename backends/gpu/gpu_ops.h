@@ -35,16 +35,14 @@ Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                          int32_t* record_tiles_out);
 Status PagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
                                const LaunchArgs& launch, const int32_t* token_indptr,
-                               size_t max_tokens, kvarn_dtype_t dtype, const void* k,
-                               const void* v, const int32_t* committed,
-                               int32_t* record_tiles_out);
+                               size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v,
+                               const int32_t* committed, int32_t* record_tiles_out);
 // codec_paged_append.cu: the appended rows of kvarn_paged_append_flush_tail_run, validated and
 // converted to the cache frame, into staging (fp16 [2][max_tokens][Hk][D]); a faulty sequence's
 // status is set (or, without a status array, the call's error words).
 Status StageTailAppendRows(Context* ctx, const Config& cfg, const PagedKV& kv,
-                           const LaunchArgs& launch, const int32_t* token_indptr,
-                           size_t max_tokens, kvarn_dtype_t dtype, const void* k, const void* v,
-                           uint16_t* staging);
+                           const LaunchArgs& launch, const int32_t* token_indptr, size_t max_tokens,
+                           kvarn_dtype_t dtype, const void* k, const void* v, uint16_t* staging);
 
 // attention_kernels.cu
 Status AttentionWorkspace(Context* ctx, const Config& cfg, const PagedKV& kv,

@@ -337,8 +337,10 @@ int main(int argc, char** argv) {
       kv_ext.record_tiles = static_cast<const int32_t*>(rt) + 32;
       const size_t row = size_t(Hq) * D * 2;  // bytes of one query token
       const auto ip = static_cast<const int32_t*>(d_indptr);
-      const double t_loose = TimeCalls(ctx, [&] { loose_call(kv, ip, q, out); }, 50);
-      const double t_tight = TimeCalls(ctx, [&] { tight_call(kv, ip, q, out); }, 50);
+      const double t_loose = TimeCalls(
+          ctx, [&] { loose_call(kv, ip, q, out); }, 50);
+      const double t_tight = TimeCalls(
+          ctx, [&] { tight_call(kv, ip, q, out); }, 50);
       const double t_sep = TimeCalls(
           ctx,
           [&] {
