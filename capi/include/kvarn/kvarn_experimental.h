@@ -159,8 +159,10 @@ KVARN_API kvarn_status_t kvarn_paged_append_flush_tail_workspace_size(
  * the append, committed[b] in [record_tiles[b] * G, seq_lens[b]]); max_tokens 0 makes it a flush.
  * Data errors of a sequence: those of either call, and more than cap rows left past the new
  * records; such a sequence keeps its slot, blocks and record_tiles_out[b] = record_tiles[b].
- * Workspace: kvarn_paged_append_flush_tail_workspace_size bytes. CPU backend; others return
- * KVARN_ERR_UNSUPPORTED. */
+ * Workspace: kvarn_paged_append_flush_tail_workspace_size bytes (the staged records, the appended
+ * rows in the cache frame and a per-sequence index; 256-byte aligned on a GPU context). CPU and
+ * CUDA (fp16 rows; where a D x G tile does not fit the device's shared memory it returns
+ * KVARN_ERR_UNSUPPORTED); ROCm returns KVARN_ERR_UNSUPPORTED. */
 KVARN_API kvarn_status_t kvarn_paged_append_flush_tail_run(
     kvarn_context_t* context, const kvarn_config_t* config, const kvarn_paged_kv_t* kv,
     const kvarn_tail_state_t* tail, const kvarn_launch_t* launch, const int32_t* token_indptr,
