@@ -8,12 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kvarn/kvarn.h"
+#include "kvarn/kvarn_experimental.h"
 #include "support/decode_loop.h"
 #include "support/gpu_test.h"
 #include "support/kvarn_test.h"
@@ -288,6 +290,193 @@ TEST_F(CudaGraph, ThreeHundredReplaysEqualTheUncapturedSteps) {
 // pool, in a call without a status array) shows in the word without any kvarn synchronization
 // (read here with the CUDA runtime, as an engine would); kvarn_context_synchronize then reports it
 // and clears the word.
+// One side of the one-pool test: the layer's pools and the step's arrays (all context memory).
+struct OnePoolSide {
+  OnePoolSide(kvarn_context_t* ctx, size_t record_bytes, size_t slot_bytes, size_t table_entries,
+              int batch, size_t max_tokens, size_t af_ws, size_t attn_ws)
+      : records(ctx, std::vector<uint8_t>(record_bytes, 0xA5)),
+        states(ctx, std::vector<uint8_t>(slot_bytes, 0x5A)),
+        table(ctx, table_entries * 4),
+        lens(ctx, batch * 4),
+        rtiles(ctx, batch * 4),
+        committed(ctx, batch * 4),
+        slots(ctx, batch * 4),
+        indptr(ctx, (batch + 1) * 4),
+        k(ctx, max_tokens * kHk * kD * 4),
+        v(ctx, max_tokens * kHk * kD * 4),
+        q(ctx, max_tokens * kHq * kD * 4),
+        out(ctx, std::vector<float>(max_tokens * kHq * kD, 0.f)),
+        lse(ctx, std::vector<float>(max_tokens * kHq, 0.f)),
+        af_ws(ctx, af_ws),
+        attn_ws(ctx, attn_ws + 1) {}
+  DeviceBuffer records, states, table, lens, rtiles, committed, slots, indptr, k, v, q, out, lse,
+      af_ws, attn_ws;
+};
+
+TEST_F(CudaGraph, OnePoolMixedStepsReplayBitEqualToEager) {
+  // The one-pool model's step as an engine captures it: the append-flush of every sequence's new
+  // tokens (decode rows and prefill chunks of up to 160 tokens, committed at once, into slots of
+  // G rows) then one attention call over records and slots under an extend plan sized by the
+  // engine's maxima (1024 query tokens per sequence and per step: the device-built work list
+  // launches the step's rows). Captured once; 300 replays with new lengths, tables and tokens,
+  // sequences finishing and new ones taking their slots, equal bit for bit the eager calls:
+  // outputs, lse, records, slots and record_tiles.
+  KVT_SEEDED_RNG(rng, 0);
+  kvarn_config_t cfg = kvt::PresetConfig("k4v2_g128", kD);
+  cfg.sink_tiles = 0;
+  const int G = cfg.tile_tokens, B = 6, max_chunk = 160, max_len = 6 * G;
+  const size_t max_tokens = static_cast<size_t>(B) * max_chunk;
+  const int max_blocks = max_len / G + 2, num_blocks = B * max_blocks;
+  const size_t stride = (kvt::RecordBytes(cfg) + 15) / 16 * 16;
+  size_t slot_bytes = 0, af_bytes = 0, attn_bytes = 0;
+  KVT_ASSERT_OK(kvarn_tail_state_bytes(&cfg, kHk, 1, 16, &slot_bytes));
+  KVT_ASSERT_OK(
+      kvarn_paged_append_flush_tail_workspace_size(&cfg, kHk, B, 1, max_tokens, &af_bytes));
+  kvarn_attention_params_t ap;
+  kvarn_attention_params_defaults(&ap);
+  ap.num_q_heads = kHq;
+  kvarn_attention_shape_t shape;
+  kvarn_attention_shape_defaults(&shape);
+  shape.batch = B;
+  shape.num_kv_heads = kHk;
+  shape.max_blocks_per_seq = max_blocks;
+  shape.max_q_per_seq = 1024;
+  shape.max_total_q = 1024;
+  kvarn_attention_plan_t* raw = nullptr;
+  KVT_ASSERT_OK(kvarn_attention_plan_create(ctx_.get(), &cfg, &shape, &ap, &raw));
+  std::unique_ptr<kvarn_attention_plan_t, PlanDeleter> plan(raw);
+  KVT_ASSERT_OK(kvarn_attention_plan_workspace_size(plan.get(), &attn_bytes));
+  OnePoolSide graph_side(ctx_.get(), num_blocks * kHk * stride, B * slot_bytes,
+                         static_cast<size_t>(B) * max_blocks, B, 1024, af_bytes, attn_bytes),
+      eager_side(ctx_.get(), num_blocks * kHk * stride, B * slot_bytes,
+                 static_cast<size_t>(B) * max_blocks, B, 1024, af_bytes, attn_bytes);
+  const std::vector<int32_t> slots = {3, 5, 0, 1, 4, 2};
+  const auto enqueue = [&](OnePoolSide& s) -> kvarn_status_t {
+    kvarn_paged_kv_t kv;
+    kvarn_paged_kv_defaults(&kv);
+    kv.num_kv_heads = kHk;
+    kv.batch = B;
+    kv.records = s.records.get();
+    kv.record_stride = stride;
+    kv.num_record_blocks = num_blocks;
+    kv.block_table = static_cast<const int32_t*>(s.table.get());
+    kv.max_blocks_per_seq = max_blocks;
+    kv.seq_lens = static_cast<const int32_t*>(s.lens.get());
+    kv.record_tiles = static_cast<const int32_t*>(s.rtiles.get());
+    kvarn_tail_state_t tail;
+    kvarn_tail_state_defaults(&tail);
+    tail.states = s.states.get();
+    tail.slot_bytes = slot_bytes;
+    tail.max_step_tokens = 1;
+    tail.num_slots = B;
+    tail.slots = static_cast<const int32_t*>(s.slots.get());
+    kvarn_launch_t launch;
+    kvarn_launch_defaults(&launch);
+    launch.stream = stream_;
+    launch.workspace = s.af_ws.get();
+    launch.workspace_bytes = s.af_ws.bytes();
+    const auto* indptr = static_cast<const int32_t*>(s.indptr.get());
+    kvarn_status_t st = kvarn_paged_append_flush_tail_run(
+        ctx_.get(), &cfg, &kv, &tail, &launch, indptr, max_tokens, KVARN_DTYPE_F32, s.k.get(),
+        s.v.get(), static_cast<const int32_t*>(s.committed.get()),
+        static_cast<int32_t*>(s.rtiles.get()));
+    if (st != KVARN_OK) return st;
+    launch.workspace = s.attn_ws.get();
+    launch.workspace_bytes = s.attn_ws.bytes();
+    return kvarn_paged_attention_tail_run(ctx_.get(), plan.get(), &kv, &tail, &launch, indptr,
+                                          s.q.get(), s.out.get(), static_cast<float*>(s.lse.get()));
+  };
+  // Host state: lengths, the block table, each sequence's prompt and final length.
+  std::vector<int32_t> lens(B, 0), rt(B, 0), table(static_cast<size_t>(B) * max_blocks, -1),
+      prompt(B), target(B);
+  std::vector<int32_t> free_blocks;
+  for (int i = num_blocks - 1; i >= 0; --i) free_blocks.push_back(i);
+  const auto start = [&](int b) {
+    prompt[b] = static_cast<int32_t>(rng.Int(1, 4 * G));
+    target[b] = prompt[b] + static_cast<int32_t>(rng.Int(1, 40));
+  };
+  for (int b = 0; b < B; ++b) start(b);
+  for (OnePoolSide* s : {&graph_side, &eager_side}) {
+    s->slots.Upload(slots);
+    s->rtiles.Upload(rt);
+  }
+  cudaGraphExec_t exec = nullptr;
+  int chunks = 0, finished = 0;
+  for (int step = 0; step < 300; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    std::vector<int32_t> indptr(B + 1, 0);
+    for (int b = 0; b < B; ++b) {
+      int n = lens[b] < prompt[b] ? std::min<int>(prompt[b] - lens[b], rng.Int(1, max_chunk)) : 1;
+      chunks += n > 1;
+      for (int64_t tile = lens[b] / G; tile <= (lens[b] + n - 1) / G; ++tile) {
+        int32_t& e = table[static_cast<size_t>(b) * max_blocks + tile];
+        if (e >= 0) continue;
+        ASSERT_FALSE(free_blocks.empty());
+        e = free_blocks.back();
+        free_blocks.pop_back();
+      }
+      lens[b] += n;
+      indptr[b + 1] = indptr[b] + n;
+    }
+    const size_t total = static_cast<size_t>(indptr[B]);
+    std::vector<float> k(max_tokens * kHk * kD), v(k.size()),
+        q(static_cast<size_t>(1024) * kHq * kD);
+    for (auto& x : k) x = static_cast<float>(rng.Normal());
+    for (auto& x : v) x = static_cast<float>(rng.Normal());
+    for (auto& x : q) x = static_cast<float>(0.3 * rng.Normal());
+    for (OnePoolSide* s : {&graph_side, &eager_side}) {
+      s->table.Upload(table);
+      s->lens.Upload(lens);
+      s->committed.Upload(lens);  // every token committed at once
+      s->indptr.Upload(indptr);
+      s->k.Upload(k);
+      s->v.Upload(v);
+      s->q.Upload(q);
+    }
+    if (step == 0) {  // capture (runs nothing), after the arrays hold a real step
+      cudaGraph_t graph = nullptr;
+      CUDA_ASSERT(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeGlobal));
+      const kvarn_status_t cst = enqueue(graph_side);
+      const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+      ASSERT_EQ(cst, KVARN_OK) << "during capture: " << kvarn_last_error();
+      ASSERT_EQ(end, cudaSuccess) << cudaGetErrorString(end);
+      CUDA_ASSERT(cudaGraphInstantiate(&exec, graph, 0));
+      CUDA_ASSERT(cudaGraphDestroy(graph));
+    }
+    CUDA_ASSERT(cudaGraphLaunch(exec, stream_));
+    KVT_ASSERT_OK(enqueue(eager_side));
+    CUDA_ASSERT(cudaStreamSynchronize(stream_));
+    KVT_ASSERT_OK(kvarn_context_synchronize(ctx_.get()));
+    const auto out_g = graph_side.out.Download<float>(), out_e = eager_side.out.Download<float>();
+    ASSERT_EQ(std::memcmp(out_g.data(), out_e.data(), total * kHq * kD * 4), 0) << "out";
+    const auto lse_g = graph_side.lse.Download<float>(), lse_e = eager_side.lse.Download<float>();
+    ASSERT_EQ(std::memcmp(lse_g.data(), lse_e.data(), total * kHq * 4), 0) << "lse";
+    for (size_t i = 0; i < total * kHq * kD; ++i) ASSERT_TRUE(std::isfinite(out_g[i])) << i;
+    const auto rt_g = graph_side.rtiles.Download<int32_t>();
+    ASSERT_EQ(rt_g, eager_side.rtiles.Download<int32_t>());
+    for (int b = 0; b < B; ++b) ASSERT_EQ(rt_g[b], lens[b] / G) << "sequence " << b;
+    ASSERT_EQ(graph_side.records.Download<uint8_t>(), eager_side.records.Download<uint8_t>());
+    ASSERT_EQ(graph_side.states.Download<uint8_t>(), eager_side.states.Download<uint8_t>());
+    rt = rt_g;
+    // Finished sequences leave (their blocks freed); a new request takes the slot.
+    for (int b = 0; b < B; ++b) {
+      if (lens[b] < target[b]) continue;
+      for (int t = 0; t < max_blocks; ++t) {
+        int32_t& e = table[static_cast<size_t>(b) * max_blocks + t];
+        if (e >= 0) free_blocks.push_back(e);
+        e = -1;
+      }
+      lens[b] = rt[b] = 0;
+      start(b);
+      ++finished;
+    }
+    for (OnePoolSide* s : {&graph_side, &eager_side}) s->rtiles.Upload(rt);
+  }
+  CUDA_ASSERT(cudaGraphExecDestroy(exec));
+  EXPECT_GT(chunks, 20);
+  EXPECT_GT(finished, 10);
+}
+
 TEST(CudaErrorWord, ShowsADeviceErrorBeforeSynchronizeAndClearsAtIt) {
   kvt::ContextPtr ctx = kvt::MakeCudaContext();
   if (!ctx) GTEST_SKIP() << "no CUDA device here: " << kvarn_last_error();

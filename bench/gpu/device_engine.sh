@@ -2,7 +2,8 @@
 # One device call for issue 23's engine pieces on CUDA, most important first, inside a budget of
 # BUDGET_S seconds (default 520; a step that would start later is skipped and says so):
 # the append-flush cases of the tail-state lockstep suite (CPU oracle), plan/run suite (the mixed
-# batch under a plan sized by engine maxima: the device-built work list), an extend subset of the
+# batch under a plan sized by engine maxima: the device-built work list), the graph suite (the
+# one-pool mixed step captured and replayed 300 times against eager calls), an extend subset of the
 # attention suite, memcheck on both, the mixed-step bench with and without the work list, the
 # rest of the tail suite, and the design point. Needs .devdeps/googletest (carried).
 set -uo pipefail
@@ -11,7 +12,7 @@ budget=${BUDGET_S:-520}
 nvidia-smi --query-gpu=name --format=csv,noheader
 device_configure -DKVARN_BUILD_BENCH=OFF
 cmake --build build/dev -j"$J" --target kvarn_test_cuda_tail_state kvarn_test_paged_run \
-  kvarn_test_cuda_attention bench_cuda_attention >"$OUT/build.log" 2>&1 ||
+  kvarn_test_cuda_attention kvarn_test_cuda_graph bench_cuda_attention >"$OUT/build.log" 2>&1 ||
   { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
 echo "build: $(($(date +%s) - t0)) s"
 rc=0
@@ -38,6 +39,7 @@ B=build/dev/bench_cuda_attention
 run tail_af 150 $TS --gtest_filter='*_af*:*Faults*'
 grep -h "^\[ kernels" "$OUT/tail_af.log" | head -4
 run paged_run 60 $T/kvarn_test_paged_run --gtest_filter='*/cuda'
+run graph 90 $T/kvarn_test_cuda_graph
 run attention_extend 90 $T/kvarn_test_cuda_attention --gtest_filter='*extend*:*Extend*'
 run memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 $TS \
   --gtest_filter='*k4v4_g64_D64*_af*:*Faults*'
