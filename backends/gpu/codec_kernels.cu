@@ -944,10 +944,14 @@ __global__ void __launch_bounds__(kPlanThreads)
     AppendFlushPlanKernel(const TailFlush f, const AppendFlushTiles af, int G,
                           DeviceErrorWords* errors, int32_t* first) {
   __shared__ int32_t scan[kPlanThreads];
+  // Without a status array a fault so far (a bad token_indptr range among them) fails the call:
+  // nothing is quantized (the tile kernel would read rows by that range).
+  const bool failed = f.seq_status == nullptr &&
+                      *static_cast<const volatile int32_t*>(&errors->launch_flag) != 0;
   int32_t carry = 0;
   for (int b0 = 0; b0 < af.batch; b0 += kPlanThreads) {
     const int b = b0 + static_cast<int>(threadIdx.x);
-    const int32_t mine = b < af.batch ? AppendFlushTileCount(f, af, errors, G, b) : 0;
+    const int32_t mine = b < af.batch && !failed ? AppendFlushTileCount(f, af, errors, G, b) : 0;
     int32_t total = 0;
     const int32_t before = CtaExclusiveScan(mine, scan, &total);
     if (b < af.batch) first[b] = carry + before;
