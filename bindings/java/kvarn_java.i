@@ -310,7 +310,8 @@ KVARN_JAVA_STRUCT(kvarn_attention_shape, kvarn_attention_shape_t,
 %{
 #include "kvarn/kvarn_experimental.h"
 %}
-/* The tail state (a first, CPU-only form) is not in the Java binding yet. */
+/* The tail state (experimental; CPU and CUDA) is not in the Java binding yet: Python and Rust
+ * have it. */
 %ignore kvarn_tail_state;
 %ignore kvarn_tail_state_defaults;
 %ignore kvarn_tail_state_bytes;
