@@ -10,10 +10,20 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/device_common.sh"
 budget=${BUDGET_S:-520}
 nvidia-smi --query-gpu=name --format=csv,noheader
-device_configure -DKVARN_BUILD_BENCH=OFF
-cmake --build build/dev -j"$J" --target kvarn_test_cuda_tail_state kvarn_test_paged_run \
-  kvarn_test_cuda_attention kvarn_test_cuda_graph bench_cuda_attention >"$OUT/build.log" 2>&1 ||
-  { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+T=build/dev/tests
+B=build/dev/bench_cuda_attention
+if [[ -n ${PREBUILT:-} ]]; then
+  # PREBUILT=dir: binaries built on the development machine (sm_90, glibc 2.34, the CUDA runtime
+  # linked statically), carried flat in dir with libkvarn.so.0: no build when device time is short.
+  T=$PREBUILT B=$PREBUILT/bench_cuda_attention
+  export LD_LIBRARY_PATH=$PWD/$PREBUILT${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  chmod +x "$PREBUILT"/* 2>/dev/null
+else
+  device_configure -DKVARN_BUILD_BENCH=OFF
+  cmake --build build/dev -j"$J" --target kvarn_test_cuda_tail_state kvarn_test_paged_run \
+    kvarn_test_cuda_attention kvarn_test_cuda_graph bench_cuda_attention >"$OUT/build.log" 2>&1 ||
+    { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
+fi
 echo "build: $(($(date +%s) - t0)) s"
 rc=0
 summary=()
@@ -33,9 +43,7 @@ run() { # name, seconds, command...
   summary+=("$line")
   grep -E "^\[  FAILED|Failure|Expected|Which is|actual|error" "$OUT/$name.log" | head -8
 }
-T=build/dev/tests
 TS=$T/kvarn_test_cuda_tail_state
-B=build/dev/bench_cuda_attention
 run tail_af 100 $TS --gtest_filter='*_af*:*Faults*'
 grep -h "^\[ kernels" "$OUT/tail_af.log" | head -4
 run paged_run 40 $T/kvarn_test_paged_run --gtest_filter='*/cuda'
