@@ -208,37 +208,61 @@ struct Side {
       sinks, ws;
 };
 
+// The worst disagreements seen over a test, printed at its end (the next tolerance decision
+// needs them, not only the first row past a bound).
+struct Worst {
+  double out_row = 0, out_l2 = 0, lse_abs = 0;
+};
+
 // Attention outputs agree to the precision the two backends' records share. The GPU codec is
 // not bit-exact with the CPU one (a few codes per tile land one step apart; see the codec suite),
-// so each side attends over slightly different values: per row the error stays within 1.5% of
-// the row's largest entry (observed up to 0.45% on an H100), and over all rows the relative L2
-// error within 0.5%.
-::testing::AssertionResult Close(const std::vector<float>& want, const std::vector<float>& got,
-                                 size_t rows, int D, const char* what) {
-  double sum_err = 0, sum_norm = 0, worst = 0;
+// so each side attends over slightly different values; one 2-bit value code one step apart moves
+// that value by a third of its range, so a row whose weight sits on that token moves by a few
+// percent of its largest entry (1.55% and 2.0% on an H100 in session 13, past the 1.5% bound then
+// in force). Bounds: per row 5% of the row's largest entry, over all rows of a step a relative
+// L2 error of 0.5%.
+::testing::AssertionResult CloseOut(const std::vector<float>& want, const std::vector<float>& got,
+                                    size_t rows, int D, Worst* worst) {
+  double sum_err = 0, sum_norm = 0;
   for (size_t r = 0; r < rows; ++r) {
     double norm = 0, err = 0;
     for (int d = 0; d < D; ++d) {
       const double w = want[r * D + d], g = got[r * D + d];
-      if (!std::isfinite(g)) {
-        return ::testing::AssertionFailure() << what << " row " << r << " is not finite";
-      }
+      if (!std::isfinite(g))
+        return ::testing::AssertionFailure() << "out row " << r << " is not finite";
       norm = std::max(norm, std::fabs(w));
       err = std::max(err, std::fabs(w - g));
       sum_err += (w - g) * (w - g);
       sum_norm += w * w;
     }
-    worst = std::max(worst, err / (norm + 1e-30));
-    if (err > 1.5e-2 * norm + 1e-5) {
+    worst->out_row = std::max(worst->out_row, err / (norm + 1e-30));
+    if (err > 5e-2 * norm + 1e-5) {
       return ::testing::AssertionFailure()
-             << what << " row " << r << ": max error " << err << " against max |x| " << norm;
+             << "out row " << r << ": max error " << err << " against max |x| " << norm;
     }
   }
   const double rel_l2 = std::sqrt(sum_err / std::max(sum_norm, 1e-30));
-  if (rel_l2 > 5e-3) {
-    return ::testing::AssertionFailure() << what << ": relative L2 error " << rel_l2;
+  worst->out_l2 = std::max(worst->out_l2, rel_l2);
+  if (rel_l2 > 5e-3) return ::testing::AssertionFailure() << "out: relative L2 error " << rel_l2;
+  return ::testing::AssertionSuccess();
+}
+
+// lse (natural log of the softmax denominator) is compared absolutely: its values sit near 0,
+// where a relative bound means nothing (session 13: 5.5e-4 against |lse| 6.2e-3 failed one).
+// 2e-2 is a 2% change of the denominator.
+::testing::AssertionResult CloseLse(const std::vector<float>& want, const std::vector<float>& got,
+                                    size_t rows, Worst* worst) {
+  for (size_t r = 0; r < rows; ++r) {
+    if (!std::isfinite(got[r]))
+      return ::testing::AssertionFailure() << "lse row " << r << " is not finite";
+    const double err = std::fabs(static_cast<double>(want[r]) - got[r]);
+    worst->lse_abs = std::max(worst->lse_abs, err);
+    if (err > 2e-2) {
+      return ::testing::AssertionFailure()
+             << "lse row " << r << ": " << got[r] << " vs " << want[r];
+    }
   }
-  return ::testing::AssertionSuccess() << what << ": worst row " << worst << ", rel L2 " << rel_l2;
+  return ::testing::AssertionSuccess();
 }
 
 class CudaTailState : public ::testing::TestWithParam<Case> {};
@@ -315,6 +339,17 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
 
   for (int b = 0; b < c.batch; ++b) e.target[b] = static_cast<int32_t>(rng.Int(G + 1, max_len));
   int flushed_tiles = 0, replaced = 0;
+  Worst worst;
+  // Printed however the test ends (an ASSERT returns early).
+  struct PrintWorst {
+    const Worst& w;
+    std::string name;
+    ~PrintWorst() {
+      std::printf(
+          "[ errors   ] %s: worst out row %.3g of its max, worst out rel L2 %.3g, worst lse %.3g\n",
+          name.c_str(), w.out_row, w.out_l2, w.lse_abs);
+    }
+  } print_worst{worst, c.Name()};
   size_t codes = 0, code_diff = 0;  // over every record compared
   for (int step = 0; step < c.steps; ++step) {
     SCOPED_TRACE("step " + std::to_string(step));
@@ -375,8 +410,8 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
       lses.push_back(lse);
       EXPECT_EQ(Side::Get<int32_t>(m.status), std::vector<int32_t>(c.batch, 0));
     }
-    ASSERT_TRUE(Close(outs[0], outs[1], total * Hq, D, "out"));
-    ASSERT_TRUE(Close(lses[0], lses[1], total * Hq, 1, "lse"));
+    ASSERT_TRUE(CloseOut(outs[0], outs[1], total * Hq, D, &worst));
+    ASSERT_TRUE(CloseLse(lses[0], lses[1], total * Hq, &worst));
 
     // Verification: keep some of the uncommitted tokens, commit some of the kept ones (a prefill
     // chunk was committed whole).
@@ -471,13 +506,16 @@ TEST_P(CudaTailState, LockstepWithTheCpuBackend) {
 }
 
 const Case kCases[] = {
-    // preset, D, Hk, group, batch, max_step, steps, window, sinks
+    // preset, D, Hk, group, batch, max_step, steps, window, sinks. About 1.5 tokens a step stay
+    // (rollback, decode steps): enough steps for more flushed tiles than sequences and at least
+    // one finished sequence (session 13: 90 and 110 steps gave one tile each at G 128).
     {"k4v2_g64", 128, 2, 2, 5, 3, 150, 0, false},
-    {"k4v2_g128", 128, 4, 7, 4, 40, 45, 0, false},   // chunks of up to 40 tokens, GQA 7
-    {"k4v4_g128", 64, 8, 8, 3, 5, 110, 128, true},   // gpt-oss shaped: window 128 + sinks
-    {"k8v8_g128", 256, 2, 4, 3, 9, 90, 200, false},  // Gemma shaped, a window of 200
-    {"k2v2_g64", 512, 1, 4, 3, 70, 30, 0, false},    // D 512, chunks past one tile
-    {"k4v2_g128", 128, 8, 4, 8, 1, 150, 0, false},   // plain decode (max_step 1: cap = G)
+    {"k4v2_g128", 128, 4, 7, 4, 40, 45, 0, false},    // chunks of up to 40 tokens, GQA 7
+    {"k4v4_g128", 64, 8, 8, 3, 5, 250, 128, true},    // gpt-oss shaped: window 128 + sinks
+    {"k8v8_g128", 256, 2, 4, 3, 9, 240, 200, false},  // Gemma shaped, a window of 200
+    {"k2v2_g64", 512, 1, 4, 3, 70, 30, 0, false},     // D 512, chunks past one tile
+    // Plain decode (max_step 1: cap = G): one token a step, so 300 steps for two tiles each.
+    {"k4v2_g128", 128, 8, 4, 8, 1, 300, 0, false},
     // Append-flush: prefill chunks of up to 2G + 17 tokens into slots of G - 1 + max_step rows.
     {"k4v2_g128", 128, 4, 4, 5, 4, 60, 0, false, true},
     {"k4v4_g64", 64, 8, 8, 4, 2, 60, 128, true, true},
