@@ -66,4 +66,10 @@ for f in mixed mixed_nolist; do
   grep -A3 "^mixed step" "$OUT/$f.log"
 done
 tail -1 "$OUT/design.log" 2>/dev/null
+# One file back instead of one per step (the device tool returns a limited number of files).
+for f in "$OUT"/*.log; do
+  echo "===== ${f##*/}"
+  cat "$f"
+done >"$OUT/logs.txt"
+rm -f "$OUT"/*.log
 exit $rc
