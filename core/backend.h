@@ -118,6 +118,10 @@ struct AttentionPlan {
   // (sequence, row chunk) items that hold rows; 0: the grid covers batch x chunks_per_seq).
   int64_t work_items = 0;
   size_t list_bytes = 0;
+  // GPU extend runs with KVARN_CUDA_DECODE_ROWS=split: a second list (after the first) of the
+  // one-token sequences, run by the decode kernel (0: none).
+  int64_t decode_items = 0;
+  size_t decode_list_bytes = 0;
   size_t workspace = 0;
   // The kernel the plan runs (kvarn_attention_plan_kernel), and whether it reads the pools with
   // 16-byte copies (then a run over a misaligned pool is refused, never slowed down silently).

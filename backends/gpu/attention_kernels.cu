@@ -422,6 +422,14 @@ bool WorkListOff() {
   return off;
 }
 
+// KVARN_CUDA_DECODE_ROWS=split: in an extend run on the tensor-core extend kernel, sequences of
+// one query token go to the decode kernel (a second work list and launch, same splits, one
+// merge). Off by default until its suites have run on a device.
+bool DecodeRowsSplit() {
+  static const bool on = EnvEquals("KVARN_CUDA_DECODE_ROWS", "split");
+  return on;
+}
+
 int MmaCtasPerSm(CudaState* st, const Config& cfg);
 int MmaRecordsPerIteration(const Config& cfg);  // records a tensor-core CTA consumes at once
 int ExtendCtasPerSm(CudaState* st, int G);
@@ -484,7 +492,7 @@ int ChooseExtendSplits(CudaState* st, const Config& cfg, int64_t items, int max_
 
 // The grid's z extent (work items) a launch under plan `p` may use; CUDA allows 65535.
 int64_t GridItems(const Plan& p, int batch) {
-  return p.work_items > 0 ? p.work_items
+  return p.work_items > 0 ? std::max(p.work_items, p.decode_items)
                           : int64_t{batch} * std::max(p.chunks_per_seq, p.decode_chunks_per_seq);
 }
 
@@ -533,6 +541,10 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
     p.work_items = std::max<int64_t>(
         1, run_plan ? grid_items : std::max(grid_items, bound(p.decode_chunks_per_seq, kRows)));
     p.list_bytes = Align256(static_cast<size_t>(p.work_items) * sizeof(int32_t));
+    if (p.extend && DecodeRowsSplit()) {
+      p.decode_items = std::max<int64_t>(1, int64_t{batch} * ((group + kRows - 1) / kRows));
+      p.decode_list_bytes = Align256(static_cast<size_t>(p.decode_items) * sizeof(int32_t));
+    }
   }
   const int64_t items = grid_items * num_kv_heads;
   int splits = std::min({args.num_splits, max_tiles, 64});
@@ -547,7 +559,7 @@ Plan PlanFor(Context* ctx, const Config& cfg, int batch, int num_kv_heads, int m
     p.ml_bytes = Align256(p.rows_total * p.splits * 2 * sizeof(float));
     p.acc_bytes = Align256(p.rows_total * p.splits * cfg.D * sizeof(float));
   }
-  p.workspace = p.ml_bytes + p.acc_bytes + p.list_bytes;
+  p.workspace = p.ml_bytes + p.acc_bytes + p.list_bytes + p.decode_list_bytes;
   p.needs_aligned_pool = MmaShape(State(ctx), cfg) && !general;
   p.kernel = !p.needs_aligned_pool ? "cuda-general"
              : p.extend            ? "cuda-tensor-core-extend"
@@ -799,27 +811,49 @@ AttnParams MakeParams(CudaState* st, const Config& cfg, const PagedKV& kv,
 // which chunk 0 of a sequence reports) are left out.
 constexpr int kListThreads = 1024;
 
+// With decode.list (KVARN_CUDA_DECODE_ROWS=split), sequences of one query token go to a second
+// list in the decode kernel's chunking (decode.chunks_per_seq chunks of kRows rows) instead.
+struct DecodeList {
+  int32_t* list = nullptr;
+  int32_t chunks_per_seq = 1, n_items = 0;
+};
+
 __global__ void __launch_bounds__(kListThreads)
-    BuildWorkListKernel(const AttnParams P, int chunk_rows, int32_t n_items, int32_t* list) {
+    BuildWorkListKernel(const AttnParams P, int chunk_rows, int32_t n_items, int32_t* list,
+                        const DecodeList decode) {
   __shared__ int32_t scan[kListThreads];
-  int32_t carry = 0;
+  int32_t carry = 0, carry_d = 0;
   for (int b0 = 0; b0 < P.batch; b0 += kListThreads) {
     const int b = b0 + static_cast<int>(threadIdx.x);
-    int32_t mine = 0;
+    int32_t mine = 0, mine_d = 0;
     if (b < P.batch && (P.seq_status == nullptr || P.seq_status[b] == 0)) {
-      const int64_t rows = (int64_t{P.q_indptr[b + 1]} - P.q_indptr[b]) * P.group;
-      mine = static_cast<int32_t>(
-          max(int64_t{1}, min((rows + chunk_rows - 1) / chunk_rows, int64_t{P.chunks_per_seq})));
+      const int64_t nq = int64_t{P.q_indptr[b + 1]} - P.q_indptr[b], rows = nq * P.group;
+      if (decode.list != nullptr && nq == 1) {
+        mine_d =
+            static_cast<int32_t>(min((rows + kRows - 1) / kRows, int64_t{decode.chunks_per_seq}));
+      } else {
+        mine = static_cast<int32_t>(
+            max(int64_t{1}, min((rows + chunk_rows - 1) / chunk_rows, int64_t{P.chunks_per_seq})));
+      }
     }
-    int32_t total = 0;
+    int32_t total = 0, total_d = 0;
     const int32_t first = carry + CtaExclusiveScan(mine, scan, &total);
+    const int32_t first_d = carry_d + CtaExclusiveScan(mine_d, scan, &total_d);
     for (int32_t c = 0; c < mine && first + c < n_items; ++c) {
       list[first + c] = b * P.chunks_per_seq + c;
     }
+    for (int32_t c = 0; c < mine_d && first_d + c < decode.n_items; ++c) {
+      decode.list[first_d + c] = b * decode.chunks_per_seq + c;
+    }
     carry = min(carry + total, n_items);
+    carry_d = min(carry_d + total_d, decode.n_items);
   }
   for (int32_t i = carry + static_cast<int32_t>(threadIdx.x); i < n_items; i += kListThreads) {
     list[i] = -1;
+  }
+  for (int32_t i = carry_d + static_cast<int32_t>(threadIdx.x); i < decode.n_items;
+       i += kListThreads) {
+    decode.list[i] = -1;
   }
 }
 
@@ -834,17 +868,30 @@ Status LaunchAttention(CudaState* st, const Config& cfg, const PagedKV& kv, cons
   const bool mma = plan.needs_aligned_pool && PoolsAligned16(kv);
   P.chunks_per_seq = plan.extend && mma ? plan.chunks_per_seq : plan.decode_chunks_per_seq;
   int64_t items = int64_t{kv.batch} * P.chunks_per_seq;
+  DecodeList decode;
   if (P.work_list != nullptr) {
     items = plan.work_items;
+    if (plan.decode_items > 0 && plan.extend && mma) {  // after the first list (PlanFor)
+      decode.list = const_cast<int32_t*>(P.work_list) + plan.list_bytes / sizeof(int32_t);
+      decode.chunks_per_seq = plan.decode_chunks_per_seq;
+      decode.n_items = static_cast<int32_t>(plan.decode_items);
+    }
     BuildWorkListKernel<<<1, kListThreads, 0, st->stream>>>(
         P, plan.extend && mma ? kExtendCtaRows : kRows, static_cast<int32_t>(items),
-        const_cast<int32_t*>(P.work_list));
+        const_cast<int32_t*>(P.work_list), decode);
     KVARN_RETURN_IF_ERROR(CheckLaunch("BuildWorkListKernel"));
   }
   const dim3 grid(plan.splits, kv.num_kv_heads, static_cast<unsigned>(items));
   if (plan.extend && mma) {
     KVARN_RETURN_IF_ERROR(cfg.G == 128 ? LaunchExtend<128>(st, P, grid)
                                        : LaunchExtend<64>(st, P, grid));
+    if (decode.list != nullptr) {  // the one-token sequences, same splits (one merge below)
+      AttnParams Pd = P;
+      Pd.chunks_per_seq = decode.chunks_per_seq;
+      Pd.work_list = decode.list;
+      KVARN_RETURN_IF_ERROR(LaunchMma(
+          st, cfg, Pd, dim3(plan.splits, kv.num_kv_heads, static_cast<unsigned>(decode.n_items))));
+    }
   } else if (mma) {
     KVARN_RETURN_IF_ERROR(LaunchMma(st, cfg, P, grid));
   } else {

@@ -55,13 +55,17 @@ run memcheck_mixed 60 compute-sanitizer --tool memcheck --error-exitcode 1 $T/kv
   --gtest_filter='*MixedBatch*/cuda:*ExtendPlan*/cuda'
 run mixed 40 $B --no-read-bw --mixed
 run mixed_nolist 40 env KVARN_CUDA_WORK_LIST=off $B --no-read-bw --mixed
+run mixed_split 40 env KVARN_CUDA_DECODE_ROWS=split $B --no-read-bw --mixed
+run paged_run_split 40 env KVARN_CUDA_DECODE_ROWS=split $T/kvarn_test_paged_run --gtest_filter='*/cuda'
+run graph_split 60 env KVARN_CUDA_DECODE_ROWS=split $T/kvarn_test_cuda_graph
+run tail_af_split 100 env KVARN_CUDA_DECODE_ROWS=split $TS --gtest_filter='*_af*'
 run tail_rest 150 $TS --gtest_filter='-*_af*:*Faults*'
 run racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 $TS \
   --gtest_filter='*k4v2_g128_D128_Hk4*_af*'
 run design 40 $B --no-read-bw --shape 32 32768
 echo "==== summary ($(($(date +%s) - t0)) s, rc=$rc)"
 printf '%s\n' "${summary[@]}"
-for f in mixed mixed_nolist; do
+for f in mixed mixed_nolist mixed_split; do
   echo "-- $f"
   grep -A3 "^mixed step" "$OUT/$f.log"
 done
