@@ -470,6 +470,23 @@ RecordOffsets Offsets(const Config& cfg) {
   return ro;
 }
 
+// A tile job staging records at the start of the workspace.
+TileJob StagingTileJob(const Config& cfg, int hk, const LaunchArgs& launch,
+                       DeviceErrorWords* errors) {
+  TileJob job{};
+  job.hk = hk;
+  job.normalize[0] = cfg.k_normalize;
+  job.normalize[1] = cfg.v_normalize;
+  job.bits[0] = cfg.key_bits;
+  job.bits[1] = cfg.value_bits;
+  job.iterations = cfg.iterations;
+  job.staged = static_cast<uint8_t*>(launch.workspace);
+  job.rb = cfg.record_bytes();
+  job.ro = Offsets(cfg);
+  job.errors = errors;
+  return job;
+}
+
 // Launches the tile kernels for `items` records (job.item_base.. of the staged buffer).
 Status LaunchTiles(Context* ctx, const Config& cfg, const TileJob& job, size_t items) {
   CudaState* s = State(ctx);
@@ -806,21 +823,10 @@ Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const L
   const size_t items = max_tiles * static_cast<size_t>(Hk);
   CudaState* s = State(ctx);
   KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
-  TileJob job{};
+  TileJob job = StagingTileJob(cfg, Hk, launch, s->errors);
   job.src[0] = kv.k_pages;
   job.src[1] = kv.v_pages;
   job.src_pages = src_pages;
-  job.hk = Hk;
-  job.item_base = 0;
-  job.normalize[0] = cfg.k_normalize;
-  job.normalize[1] = cfg.v_normalize;
-  job.bits[0] = cfg.key_bits;
-  job.bits[1] = cfg.value_bits;
-  job.iterations = cfg.iterations;
-  job.staged = static_cast<uint8_t*>(launch.workspace);
-  job.rb = cfg.record_bytes();
-  job.ro = Offsets(cfg);
-  job.errors = s->errors;
   job.list.count = n_tiles;
   job.list.max_tiles = static_cast<int32_t>(max_tiles);
   job.list.index64 = launch.index64;
@@ -836,6 +842,48 @@ Status PagedFlushRun(Context* ctx, const Config& cfg, const PagedKV& kv, const L
 }
 
 namespace {
+
+// A commit kernel's copy of sequence b's n staged records (staged tiles first.., heads hk) to the
+// blocks block_table[b][rt..]. kVec: 16-byte copies.
+template <int kVec>
+__device__ __forceinline__ void CopyStagedRecords(const TailFlush& f, int b, int rt, int n,
+                                                  size_t first, const uint8_t* staged, size_t rb,
+                                                  uint8_t* records, size_t record_stride, int hk) {
+  for (int j = 0; j < n; ++j) {
+    const size_t block =
+        static_cast<size_t>(f.block_table[static_cast<size_t>(b) * f.max_blocks + rt + j]);
+    for (int h = 0; h < hk; ++h) {
+      const uint8_t* s = staged + ((first + j) * hk + h) * rb;
+      uint8_t* d = records + (block * hk + h) * record_stride;
+      if (kVec == 16) {
+        for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x) {
+          reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
+        }
+      } else {
+        for (size_t i = threadIdx.x; i < rb; i += blockDim.x) d[i] = s[i];
+      }
+    }
+  }
+}
+
+// Rows [shift, shift + rows) of every head of K and V of a slot (fp16 [2][hk][cap][D]) move to
+// [0, rows), in chunks of `shift` rows: chunk k writes the rows chunk k - 1 read (done, after
+// the barrier) and reads none that chunk k writes. Every thread of the CTA calls it.
+__device__ __forceinline__ void MoveSlotRowsDown(uint16_t* slot, int cap, int hk, int D, int shift,
+                                                 int64_t rows) {
+  const int row_vecs = D / 8;
+  for (int64_t r0 = 0; shift > 0 && r0 < rows; r0 += shift) {
+    const int n = static_cast<int>(min(int64_t{shift}, rows - r0));
+    const int per_head = n * row_vecs;
+    for (int idx = threadIdx.x; idx < 2 * hk * per_head; idx += blockDim.x) {
+      const int head = idx / per_head, e = idx % per_head;  // head: which * hk + h
+      uint4* base = reinterpret_cast<uint4*>(slot + static_cast<size_t>(head) * cap * D);
+      const size_t dst = static_cast<size_t>(r0) * row_vecs + e;
+      base[dst] = base[dst + static_cast<size_t>(shift) * row_vecs];
+    }
+    __syncthreads();
+  }
+}
 
 // The tail flush's second half, one CTA per sequence: unless the call failed (no status array)
 // or the sequence faulted, copies its staged records to their blocks, moves the slot's rows past
@@ -853,39 +901,12 @@ __global__ void __launch_bounds__(256)
   // Valid when live: the quantize kernel checked the sequence (a fault set its status).
   const int nflush = live ? f.committed[b] / G - rt : 0;
   if (nflush > 0) {
-    for (int j = 0; j < nflush; ++j) {
-      const size_t block =
-          static_cast<size_t>(f.block_table[static_cast<size_t>(b) * f.max_blocks + rt + j]);
-      for (int h = 0; h < hk; ++h) {
-        const uint8_t* s = staged + ((static_cast<size_t>(b) * f.per_seq + j) * hk + h) * rb;
-        uint8_t* d = records + (block * hk + h) * record_stride;
-        if (kVec == 16) {
-          for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x) {
-            reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
-          }
-        } else {
-          for (size_t i = threadIdx.x; i < rb; i += blockDim.x) d[i] = s[i];
-        }
-      }
-    }
-    // Rows [shift, shift + rows) move to [0, rows), in chunks of `shift` rows: chunk k writes
-    // the rows chunk k - 1 read (done, after the barrier) and reads none that chunk k writes.
+    CopyStagedRecords<kVec>(f, b, rt, nflush, static_cast<size_t>(b) * f.per_seq, staged, rb,
+                            records, record_stride, hk);
     const int shift = nflush * G;
-    const int rows = f.seq_lens[b] - rt * G - shift;
     uint16_t* slot =
         const_cast<uint16_t*>(f.states) + static_cast<size_t>(f.slots[b]) * f.slot_elems;
-    const int row_vecs = D / 8;
-    for (int r0 = 0; r0 < rows; r0 += shift) {
-      const int n = min(shift, rows - r0);
-      const int per_head = n * row_vecs;
-      for (int idx = threadIdx.x; idx < 2 * hk * per_head; idx += blockDim.x) {
-        const int head = idx / per_head, e = idx % per_head;  // head: which * hk + h
-        uint4* base = reinterpret_cast<uint4*>(slot + static_cast<size_t>(head) * f.cap * D);
-        const size_t dst = static_cast<size_t>(r0) * row_vecs + e;
-        base[dst] = base[dst + static_cast<size_t>(shift) * row_vecs];
-      }
-      __syncthreads();
-    }
+    MoveSlotRowsDown(slot, f.cap, hk, D, shift, int64_t{f.seq_lens[b]} - int64_t{rt} * G - shift);
   }
   __syncthreads();  // every thread has read record_tiles[b] (record_tiles_out may be it)
   if (threadIdx.x == 0) record_tiles_out[b] = rt + max(nflush, 0);
@@ -946,8 +967,8 @@ __global__ void __launch_bounds__(kPlanThreads)
   __shared__ int32_t scan[kPlanThreads];
   // Without a status array a fault so far (a bad token_indptr range among them) fails the call:
   // nothing is quantized (the tile kernel would read rows by that range).
-  const bool failed = f.seq_status == nullptr &&
-                      *static_cast<const volatile int32_t*>(&errors->launch_flag) != 0;
+  const bool failed =
+      f.seq_status == nullptr && *static_cast<const volatile int32_t*>(&errors->launch_flag) != 0;
   int32_t carry = 0;
   for (int b0 = 0; b0 < af.batch; b0 += kPlanThreads) {
     const int b = b0 + static_cast<int>(threadIdx.x);
@@ -977,45 +998,18 @@ __global__ void __launch_bounds__(256)
   const int nflush = live ? af.first[b + 1] - af.first[b] : 0;
   const int64_t n = f.seq_lens[b], n_old = n - Appended(af, b), new_rt = rt + nflush;
   if (live) {
-    for (int j = 0; j < nflush; ++j) {
-      const size_t block =
-          static_cast<size_t>(f.block_table[static_cast<size_t>(b) * f.max_blocks + rt + j]);
-      for (int h = 0; h < hk; ++h) {
-        const uint8_t* s = staged + ((static_cast<size_t>(af.first[b]) + j) * hk + h) * rb;
-        uint8_t* d = records + (block * hk + h) * record_stride;
-        if (kVec == 16) {
-          for (size_t i = threadIdx.x; i < rb / 16; i += blockDim.x) {
-            reinterpret_cast<uint4*>(d)[i] = reinterpret_cast<const uint4*>(s)[i];
-          }
-        } else {
-          for (size_t i = threadIdx.x; i < rb; i += blockDim.x) d[i] = s[i];
-        }
-      }
-    }
-    const int row_vecs = D / 8;
-    uint4* slot = n > new_rt * G
-                      ? reinterpret_cast<uint4*>(const_cast<uint16_t*>(f.states) +
-                                                 static_cast<size_t>(f.slots[b]) * f.slot_elems)
-                      : nullptr;
-    // The slot's rows that stay move down by the flushed tiles, in chunks of `shift` rows:
-    // chunk k writes the rows chunk k - 1 read (done, after the barrier) and reads none that
-    // chunk k writes.
+    CopyStagedRecords<kVec>(f, b, rt, nflush, static_cast<size_t>(af.first[b]), staged, rb, records,
+                            record_stride, hk);
+    uint16_t* slot = n > new_rt * G ? const_cast<uint16_t*>(f.states) +
+                                          static_cast<size_t>(f.slots[b]) * f.slot_elems
+                                    : nullptr;
+    // The slot's rows that stay move down by the flushed tiles.
     const int shift = nflush * G;
-    const int64_t kept = n_old - rt * G - shift;
-    for (int64_t r0 = 0; shift > 0 && r0 < kept; r0 += shift) {
-      const int m = static_cast<int>(min(int64_t{shift}, kept - r0));
-      const int per_head = m * row_vecs;
-      for (int idx = threadIdx.x; idx < 2 * hk * per_head; idx += blockDim.x) {
-        const int head = idx / per_head, e = idx % per_head;  // head: which * hk + h
-        uint4* base = slot + static_cast<size_t>(head) * f.cap * row_vecs;
-        const size_t dst = static_cast<size_t>(r0) * row_vecs + e;
-        base[dst] = base[dst + static_cast<size_t>(shift) * row_vecs];
-      }
-      __syncthreads();
-    }
+    MoveSlotRowsDown(slot, f.cap, hk, D, shift, n_old - rt * G - shift);
     // The appended rows past the new records (the others are in records now).
     const int64_t p0 = max(n_old, new_rt * G);
     const int count = static_cast<int>(n - p0);
+    const int row_vecs = D / 8;
     const int per_head = count * row_vecs;
     for (int idx = threadIdx.x; idx < 2 * hk * per_head; idx += blockDim.x) {
       const int head = idx / per_head, e = idx % per_head, which = head / hk, h = head % hk;
@@ -1023,9 +1017,10 @@ __global__ void __launch_bounds__(256)
       const size_t token = static_cast<size_t>(af.indptr[b] + (p0 + r - n_old));
       const uint4* in = reinterpret_cast<const uint4*>(
           af.rows + ((static_cast<size_t>(which) * af.max_tokens + token) * hk + h) * D);
-      slot[(static_cast<size_t>(head) * f.cap + static_cast<size_t>(p0 + r - new_rt * G)) *
-               row_vecs +
-           c] = in[c];
+      reinterpret_cast<uint4*>(
+          slot)[(static_cast<size_t>(head) * f.cap + static_cast<size_t>(p0 + r - new_rt * G)) *
+                    row_vecs +
+                c] = in[c];
     }
   }
   __syncthreads();  // every thread has read record_tiles[b] (record_tiles_out may be it)
@@ -1050,22 +1045,6 @@ TailFlush TailFlushOf(const PagedKV& kv, const LaunchArgs& launch, const int32_t
   f.per_seq = per_seq;
   f.seq_status = launch.seq_status;
   return f;
-}
-
-// A tile job staging records at the start of the workspace.
-TileJob TailTileJob(const Config& cfg, int hk, const LaunchArgs& launch, DeviceErrorWords* errors) {
-  TileJob job{};
-  job.hk = hk;
-  job.normalize[0] = cfg.k_normalize;
-  job.normalize[1] = cfg.v_normalize;
-  job.bits[0] = cfg.key_bits;
-  job.bits[1] = cfg.value_bits;
-  job.iterations = cfg.iterations;
-  job.staged = static_cast<uint8_t*>(launch.workspace);
-  job.rb = cfg.record_bytes();
-  job.ro = Offsets(cfg);
-  job.errors = errors;
-  return job;
 }
 
 // Whether a D x G tile fits the device's shared memory (QuantizeTilesKernel's kSmemTile).
@@ -1095,7 +1074,7 @@ Status PagedFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& kv,
   const size_t items = static_cast<size_t>(kv.batch) * per_seq * Hk;
   CudaState* s = State(ctx);
   KVARN_RETURN_IF_ERROR(ResetLaunchFlag(ctx));
-  TileJob job = TailTileJob(cfg, Hk, launch, s->errors);
+  TileJob job = StagingTileJob(cfg, Hk, launch, s->errors);
   job.tail = TailFlushOf(kv, launch, committed, per_seq);
   const TailFlush& f = job.tail;
   KVARN_RETURN_IF_ERROR(LaunchTiles(ctx, cfg, job, items));
@@ -1145,7 +1124,7 @@ Status PagedAppendFlushTailRun(Context* ctx, const Config& cfg, const PagedKV& k
     KVARN_RETURN_IF_ERROR(StageTailAppendRows(ctx, cfg, kv, launch, token_indptr, max_tokens, dtype,
                                               k, v, reinterpret_cast<uint16_t*>(ws + w.rows)));
   }
-  TileJob job = TailTileJob(cfg, Hk, launch, s->errors);
+  TileJob job = StagingTileJob(cfg, Hk, launch, s->errors);
   job.tail = TailFlushOf(kv, launch, committed, kv.tail_cap / cfg.G);
   job.af = af;
   AppendFlushPlanKernel<<<1, kPlanThreads, 0, s->stream>>>(
